@@ -1,0 +1,17 @@
+// The keys of GMEM_CONF (GMEM_CONF=key:value,key:value), in one table: the shim
+// parses them from it, and the README's table is checked against it.
+#pragma once
+
+// X(name, type, default, doc). Types: flag (0/1), level (a log level).
+#define GMEM_CONFIG_KEYS(X)                                                          \
+  X(disable, flag, "0",                                                              \
+    "1: forward every driver call untouched; no pool, no accounting")                \
+  X(report, flag, "0",                                                               \
+    "1: print a summary of the allocations seen (counts, live and peak bytes) to "   \
+    "stderr at exit")                                                                \
+  X(log_level, level, "warn",                                                        \
+    "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
+    "critical, off")
+
+// Exit status of a job stopped because GMEM_CONF could not be read (EX_CONFIG).
+#define GMEM_EXIT_BAD_CONFIG 78

@@ -1,0 +1,79 @@
+#include "interpose/config.h"
+
+#include <string_view>
+
+namespace gmem {
+
+namespace {
+
+bool parse_value(std::string_view text, config_type::flag& out, std::string& expected) {
+  expected = "0 or 1";
+  if (text == "1" || text == "true") return out = true, true;
+  if (text == "0" || text == "false") return out = false, true;
+  return false;
+}
+
+bool parse_value(std::string_view text, config_type::level& out, std::string& expected) {
+  expected = "one of trace, debug, info, warn, error, critical, off";
+  for (int l = spdlog::level::trace; l < spdlog::level::n_levels; ++l) {
+    auto level = static_cast<spdlog::level::level_enum>(l);
+    if (text == spdlog::level::to_string_view(level).data() ||
+        (level == spdlog::level::warn && text == "warning")) {
+      out = level;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Reads one key:value pair into `config`; returns an error message or "".
+std::string apply(Config& config, std::string_view key, std::string_view value) {
+  std::string expected;
+#define GMEM_CONFIG_APPLY(name, type, default_value, doc)                                      \
+  if (key == #name) {                                                                          \
+    if (parse_value(value, config.name, expected)) return "";                                  \
+    return "bad value '" + std::string(value) + "' for key '" #name "' (expected " + expected + \
+           ")";                                                                                \
+  }
+  GMEM_CONFIG_KEYS(GMEM_CONFIG_APPLY)
+#undef GMEM_CONFIG_APPLY
+  return "unknown key '" + std::string(key) + "' (valid keys: " + config_key_list() + ")";
+}
+
+}  // namespace
+
+Config::Config() {
+  std::string ignored;
+#define GMEM_CONFIG_DEFAULT(name, type, default_value, doc) parse_value(default_value, name, ignored);
+  GMEM_CONFIG_KEYS(GMEM_CONFIG_DEFAULT)
+#undef GMEM_CONFIG_DEFAULT
+}
+
+std::string config_key_list() {
+  std::string keys;
+#define GMEM_CONFIG_NAME(name, type, default_value, doc) keys += (keys.empty() ? "" : ", ") + std::string(#name);
+  GMEM_CONFIG_KEYS(GMEM_CONFIG_NAME)
+#undef GMEM_CONFIG_NAME
+  return keys;
+}
+
+ConfigResult parse_config(const char* text) {
+  ConfigResult result;
+  std::string_view rest = text ? text : "";
+  while (!rest.empty()) {
+    std::size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    std::size_t colon = item.find(':');
+    if (colon == std::string_view::npos) {
+      result.error = "'" + std::string(item) + "' is not key:value (valid keys: " + config_key_list() + ")";
+      return result;
+    }
+    result.error = apply(result.config, item.substr(0, colon), item.substr(colon + 1));
+    if (!result.error.empty()) return result;
+  }
+  return result;
+}
+
+}  // namespace gmem

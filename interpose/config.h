@@ -1,0 +1,35 @@
+// GMEM_CONF, parsed from the table in include/gmem/config.h.
+#pragma once
+
+#include <spdlog/common.h>
+
+#include <string>
+
+#include "gmem/config.h"
+
+namespace gmem {
+
+namespace config_type {
+using flag = bool;
+using level = spdlog::level::level_enum;
+}  // namespace config_type
+
+struct Config {
+#define GMEM_CONFIG_MEMBER(name, type, default_value, doc) config_type::type name{};
+  GMEM_CONFIG_KEYS(GMEM_CONFIG_MEMBER)
+#undef GMEM_CONFIG_MEMBER
+  Config();  // the defaults of the table
+};
+
+struct ConfigResult {
+  Config config;
+  std::string error;  // empty when every key was read
+};
+
+// Parses "key:value,key:value"; a null or empty text gives the defaults.
+ConfigResult parse_config(const char* text);
+
+// The valid keys, comma-separated, for messages.
+std::string config_key_list();
+
+}  // namespace gmem

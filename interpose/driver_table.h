@@ -1,0 +1,44 @@
+// The generated table of driver functions: for each, the real driver's pointer
+// (what the trampoline jumps through), our own export, and the trampoline.
+#pragma once
+
+#include <cuda.h>
+
+#include "interpose/driver_functions.h"  // generated
+
+extern "C" {
+extern void* gmem_real_table[];
+extern void* const gmem_export_table[];
+extern void* const gmem_trampoline_table[];
+// Called once, from the first driver call (trampoline or hook), in any thread.
+void gmem_resolve_driver();
+}
+
+namespace gmem {
+
+enum FunctionIndex : unsigned {
+#define GMEM_FUNCTION_INDEX(name, index) fn_##name = index,
+  GMEM_DRIVER_FUNCTIONS(GMEM_FUNCTION_INDEX)
+#undef GMEM_FUNCTION_INDEX
+  function_count = GMEM_DRIVER_FUNCTION_COUNT
+};
+
+inline constexpr const char* function_names[] = {
+#define GMEM_FUNCTION_NAME(name, index) #name,
+    GMEM_DRIVER_FUNCTIONS(GMEM_FUNCTION_NAME)
+#undef GMEM_FUNCTION_NAME
+};
+
+// True for a function the shim implements itself rather than forwards.
+inline bool is_hooked(unsigned index) { return gmem_export_table[index] != gmem_trampoline_table[index]; }
+
+}  // namespace gmem
+
+// The real driver's `name`, typed like `proto` (the _ptsz variants have no
+// declaration of their own in cuda.h).
+#define GMEM_REAL_AS(name, proto) (reinterpret_cast<decltype(&::proto)>(gmem_real_table[::gmem::fn_##name]))
+#define GMEM_REAL(name) GMEM_REAL_AS(name, name)
+
+// The shim's own definition of a driver function, exported in place of the
+// trampoline of the same name.
+#define GMEM_EXPORT extern "C" [[gnu::visibility("default")]]

@@ -1,0 +1,84 @@
+#include "interpose/runtime.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "gmem/internal/log.h"
+#include "interpose/driver_table.h"
+#include "pool/report.h"
+
+namespace gmem {
+
+namespace {
+
+Runtime* the_runtime = nullptr;
+std::once_flag once;
+
+// What the table holds when there is no real driver: every call fails as on a
+// machine without one (cuInit: no device; everything else: not initialised).
+CUresult no_driver() { return CUDA_ERROR_NOT_INITIALIZED; }
+CUresult no_driver_init() { return CUDA_ERROR_NO_DEVICE; }
+// A function this driver does not have (an older driver than the toolkit).
+CUresult missing_function() { return CUDA_ERROR_NOT_FOUND; }
+
+void print_report() {
+  if (the_runtime && the_runtime->pool) {
+    std::string text = pool::format_report(the_runtime->pool->stats(), getpid());
+    fputs(text.c_str(), stderr);
+  }
+}
+
+[[noreturn]] void stop_on_bad_config(const std::string& error) {
+  fprintf(stderr,
+          "gmem: GMEM_CONF: %s\n"
+          "gmem: the job is stopped rather than run with a setting gmem could not read; "
+          "fix GMEM_CONF or unset it.\n",
+          error.c_str());
+  std::_Exit(GMEM_EXIT_BAD_CONFIG);
+}
+
+void initialise() {
+  auto* rt = new Runtime;
+  ConfigResult parsed = parse_config(getenv("GMEM_CONF"));
+  if (!parsed.error.empty()) stop_on_bad_config(parsed.error);
+  rt->config = parsed.config;
+  log().set_level(rt->config.log_level);
+
+  rt->real = open_real_driver();
+  if (!rt->real.handle) {
+    std::string tried;
+    for (const auto& t : rt->real.tried) tried += "\n  " + t;
+    log().error(
+        "no real CUDA driver (libcuda.so.1) found, so every CUDA call fails as on a machine without "
+        "one. Install the NVIDIA driver, or set GMEM_REAL_LIBCUDA to its libcuda.so.1. Looked at:{}",
+        tried);
+    for (unsigned i = 0; i < function_count; ++i) gmem_real_table[i] = reinterpret_cast<void*>(&no_driver);
+    gmem_real_table[fn_cuInit] = reinterpret_cast<void*>(&no_driver_init);
+  } else {
+    log().debug("real driver: {}", rt->real.path);
+    for (unsigned i = 0; i < function_count; ++i) {
+      void* fn = dlsym(rt->real.handle, function_names[i]);
+      gmem_real_table[i] = fn ? fn : reinterpret_cast<void*>(&missing_function);
+    }
+    if (!rt->config.disable) {
+      rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }));
+    }
+  }
+  the_runtime = rt;
+  if (rt->config.report) atexit(print_report);
+}
+
+}  // namespace
+
+const Runtime& runtime() {
+  std::call_once(once, initialise);
+  return *the_runtime;
+}
+
+}  // namespace gmem
+
+extern "C" void gmem_resolve_driver() { gmem::runtime(); }

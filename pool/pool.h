@@ -1,0 +1,69 @@
+// The one allocation interface of the shim: every allocation call of the driver
+// API arrives here. Today's backend serves each request from the real driver
+// and records it; the VMM pool replaces the backend behind this interface.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <mutex>
+#include <unordered_map>
+
+#include "pool/registry.h"
+#include "vmm/driver.h"
+
+namespace gmem::pool {
+
+// Which default stream a NULL stream means: the legacy one, or the calling
+// thread's (the driver's _ptsz entry points).
+enum class DefaultStream : bool { legacy, per_thread };
+
+class Pool {
+ public:
+  explicit Pool(const vmm::Driver& driver) : driver_(driver) {}
+
+  CUresult alloc(CUdeviceptr* dptr, std::size_t size);
+  CUresult alloc_pitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width, std::size_t height,
+                       unsigned element_size);
+  CUresult alloc_managed(CUdeviceptr* dptr, std::size_t size, unsigned flags);
+  CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mempool, CUstream stream,
+                       DefaultStream default_stream);
+  CUresult free(CUdeviceptr dptr);
+  CUresult free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream);
+
+  CUresult get_info(std::size_t* free, std::size_t* total);
+  CUresult get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr);
+  CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
+  CUresult pointer_attributes(unsigned count, CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
+
+  // The VMM calls a program makes itself (PyTorch's expandable segments).
+  CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
+                  unsigned long long flags);
+  CUresult release(CUmemGenericAllocationHandle handle);
+  CUresult retain_handle(CUmemGenericAllocationHandle* handle, void* address);
+  CUresult map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
+               unsigned long long flags);
+  CUresult unmap(CUdeviceptr ptr, std::size_t size);
+
+  // Contexts: what a destroyed context held is gone.
+  void primary_context_retained(CUdevice device, CUcontext context);
+  void primary_context_released(CUdevice device);
+  void context_destroyed(CUcontext context);
+
+  Stats stats() const { return allocations_.stats(); }
+  const Registry& allocations() const { return allocations_; }
+
+ private:
+  Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
+  template <typename FreeCall>
+  CUresult free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call);
+
+  const vmm::Driver driver_;
+  Registry allocations_;  // by device address
+  Registry handles_;      // physical allocations, by handle
+
+  std::mutex primary_mutex_;
+  std::unordered_map<CUdevice, CUcontext> primary_contexts_;
+};
+
+}  // namespace gmem::pool

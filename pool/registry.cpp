@@ -1,0 +1,128 @@
+#include "pool/registry.h"
+
+namespace gmem::pool {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+#define GMEM_KIND_NAME(k, name) \
+  case Kind::k:                 \
+    return name;
+    GMEM_ALLOCATION_KINDS(GMEM_KIND_NAME)
+#undef GMEM_KIND_NAME
+  }
+  return "?";
+}
+
+uint64_t Stats::live_allocations() const {
+  uint64_t live = 0;
+  for (const auto& k : kinds) live += k.allocations - k.frees;
+  return live;
+}
+
+namespace {
+
+void raise_peak(std::atomic<uint64_t>& peak, uint64_t value) {
+  uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+Registry::Shard& Registry::shard(uint64_t key) {
+  return shards_[(key ^ (key >> 9) ^ (key >> 21)) % shard_count];
+}
+
+const Registry::Shard& Registry::shard(uint64_t key) const {
+  return const_cast<Registry*>(this)->shard(key);
+}
+
+void Registry::count_allocation(const Allocation& a) {
+  Counters& c = counters_[static_cast<std::size_t>(a.kind)];
+  c.allocations.fetch_add(1, std::memory_order_relaxed);
+  raise_peak(c.peak_bytes, c.live_bytes.fetch_add(a.size, std::memory_order_relaxed) + a.size);
+  raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
+}
+
+void Registry::count_free(const Allocation& a) {
+  Counters& c = counters_[static_cast<std::size_t>(a.kind)];
+  c.frees.fetch_add(1, std::memory_order_relaxed);
+  c.live_bytes.fetch_sub(a.size, std::memory_order_relaxed);
+  live_bytes_.fetch_sub(a.size, std::memory_order_relaxed);
+}
+
+void Registry::insert(const Allocation& allocation) {
+  std::optional<Allocation> stale;
+  {
+    Shard& s = shard(allocation.key);
+    std::lock_guard lock(s.mutex);
+    auto [it, inserted] = s.map.try_emplace(allocation.key, allocation);
+    if (!inserted) {
+      stale = it->second;
+      it->second = allocation;
+    }
+  }
+  if (stale) count_free(*stale);
+  count_allocation(allocation);
+}
+
+std::optional<Allocation> Registry::take(uint64_t key) {
+  Shard& s = shard(key);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(key);
+  if (it == s.map.end()) return std::nullopt;
+  Allocation a = it->second;
+  s.map.erase(it);
+  return a;
+}
+
+void Registry::put_back(const Allocation& allocation) {
+  Shard& s = shard(allocation.key);
+  std::lock_guard lock(s.mutex);
+  s.map.try_emplace(allocation.key, allocation);
+}
+
+bool Registry::retain(uint64_t key) {
+  Shard& s = shard(key);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(key);
+  if (it == s.map.end()) return false;
+  ++it->second.references;
+  return true;
+}
+
+std::optional<Allocation> Registry::find(uint64_t key) const {
+  const Shard& s = shard(key);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(key);
+  if (it == s.map.end()) return std::nullopt;
+  return it->second;
+}
+
+void Registry::purge_context(CUcontext context) {
+  for (Shard& s : shards_) {
+    std::lock_guard lock(s.mutex);
+    for (auto it = s.map.begin(); it != s.map.end();) {
+      if (it->second.context == context) {
+        count_free(it->second);
+        it = s.map.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+Stats Registry::stats() const {
+  Stats out;
+  for (std::size_t i = 0; i < kind_count; ++i) {
+    const Counters& c = counters_[i];
+    out.kinds[i] = {c.allocations.load(std::memory_order_relaxed), c.frees.load(std::memory_order_relaxed),
+                    c.live_bytes.load(std::memory_order_relaxed), c.peak_bytes.load(std::memory_order_relaxed)};
+  }
+  out.live_bytes = live_bytes_.load(std::memory_order_relaxed);
+  out.peak_bytes = peak_bytes_.load(std::memory_order_relaxed);
+  return out;
+}
+
+}  // namespace gmem::pool

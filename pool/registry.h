@@ -1,0 +1,57 @@
+// The live allocations of the process, with counters per kind. Thread-safe:
+// the map is sharded by key, one short lock per operation; counters are atomic.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "pool/allocation.h"
+
+namespace gmem::pool {
+
+class Registry {
+ public:
+  // Records a new allocation. An entry already at the same key is stale (the
+  // driver reused the address, so it was freed behind our back) and is counted
+  // as freed.
+  void insert(const Allocation& allocation);
+
+  // Takes an allocation out of the map without counting a free: the caller frees
+  // it in the driver, then calls count_free() on success or put_back() on failure.
+  std::optional<Allocation> take(uint64_t key);
+  void put_back(const Allocation& allocation);
+  void count_free(const Allocation& allocation);
+
+  // Adds a reference (cuMemRetainAllocationHandle); false if the key is unknown.
+  bool retain(uint64_t key);
+
+  std::optional<Allocation> find(uint64_t key) const;
+
+  // Forgets every allocation of a context the driver destroyed, counted as freed.
+  void purge_context(CUcontext context);
+
+  Stats stats() const;
+
+ private:
+  struct Shard {
+    mutable std::mutex mutex;
+    std::unordered_map<uint64_t, Allocation> map;
+  };
+  struct Counters {
+    std::atomic<uint64_t> allocations{0}, frees{0}, live_bytes{0}, peak_bytes{0};
+  };
+
+  Shard& shard(uint64_t key);
+  const Shard& shard(uint64_t key) const;
+  void count_allocation(const Allocation& allocation);
+
+  static constexpr std::size_t shard_count = 16;
+  std::array<Shard, shard_count> shards_;
+  std::array<Counters, kind_count> counters_;
+  std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
+};
+
+}  // namespace gmem::pool

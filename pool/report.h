@@ -1,0 +1,16 @@
+// The one-screen summary that report:1 prints at exit. One line per kind, each
+// "gmem: report <kind> allocs=N frees=N live_bytes=N peak_bytes=N", so that
+// scripts can read it too.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "pool/allocation.h"
+
+namespace gmem::pool {
+
+std::string format_report(const Stats& stats, pid_t pid);
+
+}  // namespace gmem::pool

@@ -1,0 +1,53 @@
+// The real driver's functions that gmem's own code calls, as typed pointers.
+// interpose/ fills the table from the real libcuda; pool/ and vmm/ call through
+// it, never through the shim's exported names (those would come back to us).
+#pragma once
+
+#include <cuda.h>
+
+namespace gmem::vmm {
+
+// X(member, function whose prototype it has)
+#define GMEM_DRIVER_TABLE(X)                                    \
+  X(cuCtxGetCurrent, cuCtxGetCurrent)                           \
+  X(cuCtxGetDevice, cuCtxGetDevice)                             \
+  X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)     \
+  X(cuGetErrorName, cuGetErrorName)                             \
+  X(cuMemAlloc_v2, cuMemAlloc_v2)                               \
+  X(cuMemAllocPitch_v2, cuMemAllocPitch_v2)                     \
+  X(cuMemAllocManaged, cuMemAllocManaged)                       \
+  X(cuMemAllocAsync, cuMemAllocAsync)                           \
+  X(cuMemAllocAsync_ptsz, cuMemAllocAsync)                      \
+  X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync)           \
+  X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync)      \
+  X(cuMemFree_v2, cuMemFree_v2)                                 \
+  X(cuMemFreeAsync, cuMemFreeAsync)                             \
+  X(cuMemFreeAsync_ptsz, cuMemFreeAsync)                        \
+  X(cuMemGetInfo_v2, cuMemGetInfo_v2)                           \
+  X(cuMemGetAddressRange_v2, cuMemGetAddressRange_v2)           \
+  X(cuPointerGetAttribute, cuPointerGetAttribute)               \
+  X(cuPointerGetAttributes, cuPointerGetAttributes)             \
+  X(cuMemCreate, cuMemCreate)                                   \
+  X(cuMemRelease, cuMemRelease)                                 \
+  X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)   \
+  X(cuMemMap, cuMemMap)                                         \
+  X(cuMemUnmap, cuMemUnmap)
+
+struct Driver {
+#define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;
+  GMEM_DRIVER_TABLE(GMEM_DRIVER_MEMBER)
+#undef GMEM_DRIVER_MEMBER
+
+  // Fills every member from `lookup(name)`; a missing function stays null.
+  template <typename Lookup>
+  static Driver from(Lookup&& lookup) {
+    Driver d;
+#define GMEM_DRIVER_FILL(member, proto) \
+  d.member = reinterpret_cast<decltype(&::proto)>(lookup(#member));
+    GMEM_DRIVER_TABLE(GMEM_DRIVER_FILL)
+#undef GMEM_DRIVER_FILL
+    return d;
+  }
+};
+
+}  // namespace gmem::vmm
