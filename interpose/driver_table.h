@@ -4,7 +4,7 @@
 
 #include <cuda.h>
 
-#include "interpose/driver_functions.h"  // generated
+#include "interpose/proc_table.h"
 
 extern "C" {
 extern void* gmem_real_table[];
@@ -15,19 +15,6 @@ void gmem_resolve_driver();
 }
 
 namespace gmem {
-
-enum FunctionIndex : unsigned {
-#define GMEM_FUNCTION_INDEX(name, index) fn_##name = index,
-  GMEM_DRIVER_FUNCTIONS(GMEM_FUNCTION_INDEX)
-#undef GMEM_FUNCTION_INDEX
-  function_count = GMEM_DRIVER_FUNCTION_COUNT
-};
-
-inline constexpr const char* function_names[] = {
-#define GMEM_FUNCTION_NAME(name, index) #name,
-    GMEM_DRIVER_FUNCTIONS(GMEM_FUNCTION_NAME)
-#undef GMEM_FUNCTION_NAME
-};
 
 // True for a function the shim implements itself rather than forwards.
 inline bool is_hooked(unsigned index) { return gmem_export_table[index] != gmem_trampoline_table[index]; }

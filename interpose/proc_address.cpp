@@ -1,10 +1,6 @@
 // cuGetProcAddress: the real driver answers every request (status, version
 // checks, the pointer); for a function the shim hooks, its pointer is then
 // replaced by the shim's own function of the ABI the caller asked for.
-#include <algorithm>
-#include <cstring>
-#include <string_view>
-
 #include <cudaTypedefs.h>
 
 #include "interpose/driver_table.h"
@@ -13,43 +9,9 @@
 
 namespace gmem {
 
-namespace {
-
-struct ProcEntry {
-  const char* base;
-  int version;  // the CUDA version that introduced this ABI
-  bool per_thread;
-  unsigned index;
-};
-
-// Sorted by base name, then per_thread, then version (the generator's order).
-constexpr ProcEntry proc_table[] = {
-#define GMEM_PROC_ENTRY(base, version, per_thread, symbol) {base, version, per_thread, fn_##symbol},
-#include "interpose/proc_table.inc"
-    GMEM_PROC_TABLE(GMEM_PROC_ENTRY)
-#undef GMEM_PROC_ENTRY
-};
-
-}  // namespace
-
-int proc_address_index(const char* symbol, int version, unsigned long long flags) {
-  const std::string_view base(symbol);
-  const bool per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-  const auto* first = std::lower_bound(std::begin(proc_table), std::end(proc_table), base,
-                                       [](const ProcEntry& e, std::string_view b) { return e.base < b; });
-  // The newest ABI not newer than the caller's version, per-thread if asked for
-  // and the function has one.
-  int best = -1, best_thread = -1;
-  for (const auto* it = first; it != std::end(proc_table) && it->base == base; ++it) {
-    if (it->version > version) continue;
-    (it->per_thread ? best_thread : best) = static_cast<int>(it->index);
-  }
-  return per_thread && best_thread >= 0 ? best_thread : best;
-}
-
 void* route_proc_address(const char* symbol, int version, unsigned long long flags, void* real) {
   if (!symbol || !real || !runtime().pool) return real;
-  int index = proc_address_index(symbol, version, flags);
+  int index = find_proc(symbol, version, flags).index;
   if (index >= 0 && is_hooked(static_cast<unsigned>(index))) return gmem_export_table[index];
   return real;
 }

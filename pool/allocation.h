@@ -44,6 +44,7 @@ struct Allocation {
 struct KindStats {
   uint64_t allocations = 0;
   uint64_t frees = 0;
+  uint64_t bytes = 0;  // allocated over the whole run
   uint64_t live_bytes = 0;
   uint64_t peak_bytes = 0;
 };

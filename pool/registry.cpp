@@ -40,6 +40,7 @@ const Registry::Shard& Registry::shard(uint64_t key) const {
 void Registry::count_allocation(const Allocation& a) {
   Counters& c = counters_[static_cast<std::size_t>(a.kind)];
   c.allocations.fetch_add(1, std::memory_order_relaxed);
+  c.bytes.fetch_add(a.size, std::memory_order_relaxed);
   raise_peak(c.peak_bytes, c.live_bytes.fetch_add(a.size, std::memory_order_relaxed) + a.size);
   raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
 }
@@ -118,7 +119,8 @@ Stats Registry::stats() const {
   for (std::size_t i = 0; i < kind_count; ++i) {
     const Counters& c = counters_[i];
     out.kinds[i] = {c.allocations.load(std::memory_order_relaxed), c.frees.load(std::memory_order_relaxed),
-                    c.live_bytes.load(std::memory_order_relaxed), c.peak_bytes.load(std::memory_order_relaxed)};
+                    c.bytes.load(std::memory_order_relaxed), c.live_bytes.load(std::memory_order_relaxed),
+                    c.peak_bytes.load(std::memory_order_relaxed)};
   }
   out.live_bytes = live_bytes_.load(std::memory_order_relaxed);
   out.peak_bytes = peak_bytes_.load(std::memory_order_relaxed);

@@ -41,7 +41,7 @@ class Registry {
     std::unordered_map<uint64_t, Allocation> map;
   };
   struct Counters {
-    std::atomic<uint64_t> allocations{0}, frees{0}, live_bytes{0}, peak_bytes{0};
+    std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, live_bytes{0}, peak_bytes{0};
   };
 
   Shard& shard(uint64_t key);

@@ -10,8 +10,9 @@ namespace {
 void line(std::string& out, const char* name, const KindStats& k) {
   char buf[256];
   snprintf(buf, sizeof buf,
-           "gmem: report %-8s allocs=%" PRIu64 " frees=%" PRIu64 " live_bytes=%" PRIu64 " peak_bytes=%" PRIu64 "\n",
-           name, k.allocations, k.frees, k.live_bytes, k.peak_bytes);
+           "gmem: report %-8s allocs=%" PRIu64 " frees=%" PRIu64 " bytes=%" PRIu64 " live_bytes=%" PRIu64
+           " peak_bytes=%" PRIu64 "\n",
+           name, k.allocations, k.frees, k.bytes, k.live_bytes, k.peak_bytes);
   out += buf;
 }
 
@@ -25,6 +26,7 @@ std::string format_report(const Stats& stats, pid_t pid) {
     line(out, kind_name(static_cast<Kind>(i)), k);
     total.allocations += k.allocations;
     total.frees += k.frees;
+    total.bytes += k.bytes;
   }
   total.live_bytes = stats.live_bytes;
   total.peak_bytes = stats.peak_bytes;

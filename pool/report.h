@@ -1,5 +1,6 @@
 // The one-screen summary that report:1 prints at exit. One line per kind, each
-// "gmem: report <kind> allocs=N frees=N live_bytes=N peak_bytes=N", so that
+// "gmem: report <kind> allocs=N frees=N bytes=N live_bytes=N peak_bytes=N"
+// (bytes: allocated over the whole run), so that
 // scripts can read it too.
 #pragma once
 
