@@ -1,5 +1,6 @@
 #include "interpose/config.h"
 
+#include <iterator>
 #include <string_view>
 
 namespace gmem {
@@ -14,12 +15,12 @@ bool parse_value(std::string_view text, config_type::flag& out, std::string& exp
 }
 
 bool parse_value(std::string_view text, config_type::level& out, std::string& expected) {
+  static constexpr const char* names[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  static_assert(std::size(names) == spdlog::level::n_levels);
   expected = "one of trace, debug, info, warn, error, critical, off";
-  for (int l = spdlog::level::trace; l < spdlog::level::n_levels; ++l) {
-    auto level = static_cast<spdlog::level::level_enum>(l);
-    if (text == spdlog::level::to_string_view(level).data() ||
-        (level == spdlog::level::warn && text == "warning")) {
-      out = level;
+  for (std::size_t l = 0; l < std::size(names); ++l) {
+    if (text == names[l]) {
+      out = static_cast<config_type::level>(l);
       return true;
     }
   }

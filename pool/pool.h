@@ -50,7 +50,7 @@ class Pool {
   void primary_context_released(CUdevice device);
   void context_destroyed(CUcontext context);
 
-  Stats stats() const { return allocations_.stats(); }
+  Stats stats() const { return ledger_.stats(); }
   const Registry& allocations() const { return allocations_; }
 
  private:
@@ -59,8 +59,9 @@ class Pool {
   CUresult free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call);
 
   const vmm::Driver driver_;
-  Registry allocations_;  // by device address
-  Registry handles_;      // physical allocations, by handle
+  Ledger ledger_;
+  Registry allocations_{ledger_};  // by device address
+  Registry handles_{ledger_};      // physical allocations, by handle
 
   std::mutex primary_mutex_;
   std::unordered_map<CUdevice, CUcontext> primary_contexts_;

@@ -37,7 +37,7 @@ const Registry::Shard& Registry::shard(uint64_t key) const {
   return const_cast<Registry*>(this)->shard(key);
 }
 
-void Registry::count_allocation(const Allocation& a) {
+void Ledger::count_allocation(const Allocation& a) {
   Counters& c = counters_[static_cast<std::size_t>(a.kind)];
   c.allocations.fetch_add(1, std::memory_order_relaxed);
   c.bytes.fetch_add(a.size, std::memory_order_relaxed);
@@ -45,7 +45,7 @@ void Registry::count_allocation(const Allocation& a) {
   raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
 }
 
-void Registry::count_free(const Allocation& a) {
+void Ledger::count_free(const Allocation& a) {
   Counters& c = counters_[static_cast<std::size_t>(a.kind)];
   c.frees.fetch_add(1, std::memory_order_relaxed);
   c.live_bytes.fetch_sub(a.size, std::memory_order_relaxed);
@@ -63,8 +63,8 @@ void Registry::insert(const Allocation& allocation) {
       it->second = allocation;
     }
   }
-  if (stale) count_free(*stale);
-  count_allocation(allocation);
+  if (stale) ledger_.count_free(*stale);
+  ledger_.count_allocation(allocation);
 }
 
 std::optional<Allocation> Registry::take(uint64_t key) {
@@ -105,7 +105,7 @@ void Registry::purge_context(CUcontext context) {
     std::lock_guard lock(s.mutex);
     for (auto it = s.map.begin(); it != s.map.end();) {
       if (it->second.context == context) {
-        count_free(it->second);
+        ledger_.count_free(it->second);
         it = s.map.erase(it);
       } else {
         ++it;
@@ -114,7 +114,7 @@ void Registry::purge_context(CUcontext context) {
   }
 }
 
-Stats Registry::stats() const {
+Stats Ledger::stats() const {
   Stats out;
   for (std::size_t i = 0; i < kind_count; ++i) {
     const Counters& c = counters_[i];

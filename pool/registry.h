@@ -1,5 +1,6 @@
-// The live allocations of the process, with counters per kind. Thread-safe:
-// the map is sharded by key, one short lock per operation; counters are atomic.
+// The live allocations of the process, and the counters kept over them.
+// Thread-safe: the map is sharded by key, one short lock per operation; the
+// counters are atomic.
 #pragma once
 
 #include <array>
@@ -12,8 +13,25 @@
 
 namespace gmem::pool {
 
+// Counters per kind, shared by the registries of one pool.
+class Ledger {
+ public:
+  void count_allocation(const Allocation& allocation);
+  void count_free(const Allocation& allocation);
+  Stats stats() const;
+
+ private:
+  struct Counters {
+    std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, live_bytes{0}, peak_bytes{0};
+  };
+  std::array<Counters, kind_count> counters_;
+  std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
+};
+
 class Registry {
  public:
+  explicit Registry(Ledger& ledger) : ledger_(ledger) {}
+
   // Records a new allocation. An entry already at the same key is stale (the
   // driver reused the address, so it was freed behind our back) and is counted
   // as freed.
@@ -23,7 +41,7 @@ class Registry {
   // it in the driver, then calls count_free() on success or put_back() on failure.
   std::optional<Allocation> take(uint64_t key);
   void put_back(const Allocation& allocation);
-  void count_free(const Allocation& allocation);
+  void count_free(const Allocation& allocation) { ledger_.count_free(allocation); }
 
   // Adds a reference (cuMemRetainAllocationHandle); false if the key is unknown.
   bool retain(uint64_t key);
@@ -33,25 +51,19 @@ class Registry {
   // Forgets every allocation of a context the driver destroyed, counted as freed.
   void purge_context(CUcontext context);
 
-  Stats stats() const;
+  Stats stats() const { return ledger_.stats(); }
 
  private:
   struct Shard {
     mutable std::mutex mutex;
     std::unordered_map<uint64_t, Allocation> map;
   };
-  struct Counters {
-    std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, live_bytes{0}, peak_bytes{0};
-  };
-
   Shard& shard(uint64_t key);
   const Shard& shard(uint64_t key) const;
-  void count_allocation(const Allocation& allocation);
 
   static constexpr std::size_t shard_count = 16;
   std::array<Shard, shard_count> shards_;
-  std::array<Counters, kind_count> counters_;
-  std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
+  Ledger& ledger_;
 };
 
 }  // namespace gmem::pool

@@ -1,0 +1,44 @@
+#include <gtest/gtest.h>
+
+#include "interpose/config.h"
+
+namespace gmem {
+namespace {
+
+TEST(Config, EmptyOrNullGivesTheTableDefaults) {
+  for (const char* text : {static_cast<const char*>(nullptr), "", ",,"}) {
+    ConfigResult r = parse_config(text);
+    EXPECT_EQ(r.error, "");
+    EXPECT_FALSE(r.config.disable);
+    EXPECT_FALSE(r.config.report);
+    EXPECT_EQ(r.config.log_level, spdlog::level::warn);
+  }
+}
+
+TEST(Config, ReadsEveryKey) {
+  ConfigResult r = parse_config("disable:1,report:true,log_level:debug");
+  ASSERT_EQ(r.error, "");
+  EXPECT_TRUE(r.config.disable);
+  EXPECT_TRUE(r.config.report);
+  EXPECT_EQ(r.config.log_level, spdlog::level::debug);
+  EXPECT_EQ(parse_config("log_level:off").config.log_level, spdlog::level::off);
+  EXPECT_EQ(parse_config("log_level:warn").config.log_level, spdlog::level::warn);
+}
+
+TEST(Config, UnknownKeyNamesTheValidKeys) {
+  ConfigResult r = parse_config("report:1,repot:1");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, log_level)");
+}
+
+TEST(Config, BadValueSaysWhatIsExpected) {
+  EXPECT_EQ(parse_config("report:yes").error, "bad value 'yes' for key 'report' (expected 0 or 1)");
+  EXPECT_NE(parse_config("log_level:loud").error.find("expected one of trace, debug"), std::string::npos);
+  EXPECT_NE(parse_config("disable:").error, "");
+}
+
+TEST(Config, ItemWithoutColonIsAnError) {
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, log_level)");
+}
+
+}  // namespace
+}  // namespace gmem
