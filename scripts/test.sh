@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds gmem and runs every test a machine without a GPU can run (unit,
+# end-to-end on the emulated driver, conformance on the emulated driver).
+#   scripts/test.sh              the suite, in build/
+#   scripts/test.sh --sanitize   the suite under ASan+UBSan, in build-sanitize/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dir=build
+options=()
+case "${1:-}" in
+  "") ;;
+  --sanitize)
+    dir=build-sanitize
+    options=(-Db_sanitize=address,undefined -Db_lundef=false -Dstress_iterations=10000)
+    export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    ;;
+  -h|--help)
+    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+  *)
+    echo "scripts/test.sh: unknown option '$1' (try --help)" >&2
+    exit 2
+    ;;
+esac
+
+if [ -d "$dir" ]; then
+  meson setup --reconfigure "$dir" "${options[@]}" >/dev/null
+else
+  meson setup "$dir" "${options[@]}"
+fi
+ninja -C "$dir"
+meson test -C "$dir" --print-errorlogs --num-processes 2
