@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "interpose/config.h"
 
 namespace gmem {
@@ -38,6 +41,17 @@ TEST(Config, BadValueSaysWhatIsExpected) {
 
 TEST(Config, ItemWithoutColonIsAnError) {
   EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, log_level)");
+}
+
+TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {
+  std::ifstream in(GMEM_README_PATH);
+  std::stringstream readme;
+  readme << in.rdbuf();
+  ASSERT_FALSE(readme.str().empty());
+#define GMEM_README_ROW(name, type, default_value, doc) \
+  EXPECT_NE(readme.str().find("| `" #name "` | `" default_value "` | " doc " |\n"), std::string::npos) << #name;
+  GMEM_CONFIG_KEYS(GMEM_README_ROW)
+#undef GMEM_README_ROW
 }
 
 }  // namespace
