@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   CUdevice dev;
   CUcontext ctx;
   if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&dev, 0), "cuDeviceGet") ||
-      !ok(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")) {
+      !ok(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain") ||
+      !ok(cuCtxSetCurrent(ctx), "cuCtxSetCurrent")) {
     return 1;
   }
   std::vector<std::thread> pool;
