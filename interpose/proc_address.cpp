@@ -16,10 +16,27 @@ void* route_proc_address(const char* symbol, int version, unsigned long long fla
   return real;
 }
 
+
+// Without a real driver, requests are answered from the shim's own exports, so
+// that a program reaches cuInit and learns there is no device.
+CUresult resolve_without_driver(const char* symbol, void** pfn, int version, unsigned long long flags,
+                                CUdriverProcAddressQueryResult* status) {
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  ProcLookup found = find_proc(symbol, version, flags);
+  *pfn = found.index >= 0 ? gmem_export_table[found.index] : nullptr;
+  if (status) {
+    *status = *pfn              ? CU_GET_PROC_ADDRESS_SUCCESS
+              : found.name_known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  }
+  return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
 }  // namespace gmem
 
 GMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult* symbolStatus) {
+  if (!gmem::runtime().real.handle) return gmem::resolve_without_driver(symbol, pfn, cudaVersion, flags, symbolStatus);
   CUresult status = GMEM_REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (status == CUDA_SUCCESS && pfn) *pfn = gmem::route_proc_address(symbol, cudaVersion, flags, *pfn);
   return status;
@@ -28,6 +45,7 @@ GMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cud
 // cuda.h names the newest ABI cuGetProcAddress; this is the CUDA 11.3 one.
 #undef cuGetProcAddress
 GMEM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  if (!gmem::runtime().real.handle) return gmem::resolve_without_driver(symbol, pfn, cudaVersion, flags, nullptr);
   auto real = reinterpret_cast<PFN_cuGetProcAddress_v11030>(gmem_real_table[gmem::fn_cuGetProcAddress]);
   CUresult status = real(symbol, pfn, cudaVersion, flags);
   if (status == CUDA_SUCCESS && pfn) *pfn = gmem::route_proc_address(symbol, cudaVersion, flags, *pfn);
