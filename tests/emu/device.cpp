@@ -186,7 +186,7 @@ EMU_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int fla
   return CUDA_SUCCESS;
 }
 
-EMU_API CUresult cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevice device) {
+EMU_API CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams*, unsigned int, CUdevice device) {
   if (CUresult r = device_check(device)) return r;
   if (!context) return CUDA_ERROR_INVALID_VALUE;
   auto* c = new Context{device, true, false};
