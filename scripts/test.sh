@@ -29,7 +29,7 @@ case "${1:-}" in
 esac
 
 if [ -d "$dir" ]; then
-  meson setup --reconfigure "$dir" "${options[@]}" >/dev/null
+  [ ${#options[@]} -eq 0 ] || meson configure "$dir" "${options[@]}"
 else
   meson setup "$dir" "${options[@]}"
 fi

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The GPU suite, run on a GPU machine from the repository root, on a build
+# carried in .carry/ (scripts/pack-gpu.sh). Writes logs and summary.md (ready
+# for docs/results.md) to $OUT, or /tmp/gmem-gpu. Runs every step even when one
+# fails; exits non-zero if any failed.
+#   bash scripts/gpu-test.sh [--quick]     (--quick: fewer training steps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gmem-gpu}
+mkdir -p "$out"
+carry=$PWD/.carry
+shim=$carry/libcuda.so.1
+steps=300
+[ "${1:-}" = "--quick" ] && steps=60
+# Never NVLink multicast on the shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+summary=$out/summary.md
+failed=0
+
+# step NAME COMMAND...: runs COMMAND, logs it to $out/NAME.log, records the
+# outcome (exit 77 is "skipped", never "passed").
+step() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  { echo "\$ $*"; "$@"; } >"$out/$name.log" 2>&1
+  local rc=$?
+  local verdict=PASS
+  if [ $rc -eq 77 ]; then verdict=SKIPPED; elif [ $rc -ne 0 ]; then verdict="FAIL (exit $rc)"; failed=$((failed + 1)); fi
+  printf '| %s | `%s` | %s | %ss |\n' "$name" "$*" "$verdict" $((SECONDS - start)) >>"$summary"
+  echo "$name: $verdict"
+}
+
+real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
+gpus=$(nvidia-smi -L | wc -l)
+{
+  echo "## GPU suite, $(date -u +%Y-%m-%d)"
+  echo
+  echo "- GPUs: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c | sed 's/^ *//')"
+  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); real libcuda: $real"
+  echo "- torch: $(python3 -c 'import torch; print(torch.__version__)')"
+  echo "- command: \`bash scripts/gpu-test.sh $*\`"
+  echo
+  echo "| step | command | result | time |"
+  echo "| --- | --- | --- | --- |"
+} >"$summary"
+
+preload=(env LD_PRELOAD="$shim")
+step conformance-real "$carry/conformance"
+step conformance-shim "${preload[@]}" "$carry/conformance"
+step conformance-shim-disabled "${preload[@]}" GMEM_CONF=disable:1 "$carry/conformance"
+step sanitizer-real compute-sanitizer --tool memcheck --error-exitcode 1 "$carry/conformance"
+step sanitizer-shim compute-sanitizer --tool memcheck --error-exitcode 1 "${preload[@]}" "$carry/conformance"
+
+# The same job, the same checksum, under every way of loading gmem; gmem's
+# report equals the job's own count of what it allocated.
+job_matches() {
+  local reference
+  reference=$("$carry/driver-job") || return 1
+  echo "$reference"
+  for mode in "LD_PRELOAD=$shim" "LD_LIBRARY_PATH=$carry:${LD_LIBRARY_PATH:-}"; do
+    for job in driver-job driver-job-dlopen; do
+      local got
+      got=$(env "$mode" GMEM_CONF=report:1 "$carry/$job" 2>"$out/job.err") || return 1
+      cat "$out/job.err"
+      [ "$got" = "$reference" ] || { echo "$job with $mode: output differs"; return 1; }
+      grep '^expect' <<<"$got" | while read -r _ kind allocs bytes; do
+        grep -q "gmem: report $kind *$allocs frees=[0-9]* $bytes " "$out/job.err" ||
+          { echo "$job with $mode: report misses $kind $allocs $bytes"; exit 1; }
+      done || return 1
+    done
+  done
+}
+step driver-job job_matches
+step lazy "${preload[@]}" "$carry/lazy-probe"
+step exec-child-lazy "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
+step stress "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
+
+step train-matrix python3 tests/gpu/run_train_matrix.py --shim "$shim" --out "$out/train" --steps "$steps" --bench
+if [ "$gpus" -ge 2 ]; then
+  step allreduce-native python3 tests/gpu/allreduce.py
+  step allreduce-shim "${preload[@]}" GMEM_CONF=report:1 python3 tests/gpu/allreduce.py
+else
+  printf '| allreduce | `python3 tests/gpu/allreduce.py` | SKIPPED (needs 2 GPUs, found %s) | |\n' "$gpus" >>"$summary"
+fi
+step bench-shim "${preload[@]}" "$carry/bench-shim"
+step bench-load "$carry/bench-load" "$shim" "$real"
+
+{
+  echo
+  echo "BENCH lines:"
+  echo
+  echo '```'
+  cat "$out"/*.log | grep -h '^BENCH' || true
+  echo '```'
+  echo
+  echo "Training matrix:"
+  echo
+  grep -h '^|' "$out/train-matrix.log" || true
+} >>"$summary"
+cat "$summary"
+exit $((failed > 0))
