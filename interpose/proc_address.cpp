@@ -23,13 +23,7 @@ CUresult resolve_without_driver(const char* symbol, void** pfn, int version, uns
                                 CUdriverProcAddressQueryResult* status) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
   ProcLookup found = find_proc(symbol, version, flags);
-  *pfn = found.index >= 0 ? gmem_export_table[found.index] : nullptr;
-  if (status) {
-    *status = *pfn              ? CU_GET_PROC_ADDRESS_SUCCESS
-              : found.name_known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                                 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  }
-  return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  return proc_answer(found, found.index >= 0 ? gmem_export_table[found.index] : nullptr, pfn, status);
 }
 
 }  // namespace gmem

@@ -15,6 +15,8 @@ case "${1:-}" in
     # GCC 12 reports false maybe-uninitialized warnings in libstdc++ under ASan.
     options=(-Db_sanitize=address,undefined -Db_lundef=false -Dstress_iterations=10000
              -Dcpp_args=-Wno-maybe-uninitialized)
+    # The shim is preloaded ahead of the ASan runtime. Leak checking is off: the
+    # shim's state and the emulator's contexts live until the process ends.
     export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;

@@ -41,8 +41,6 @@ Result run(const std::vector<std::string>& argv, const Env& env) {
   pid_t pid = fork();
   if (pid == 0) {
     for (const char* v : {"LD_PRELOAD", "LD_LIBRARY_PATH", "GMEM_CONF", "GMEM_REAL_LIBCUDA"}) unsetenv(v);
-    // An ASan-built program under LD_PRELOAD: the preloaded shim comes first.
-    setenv("ASAN_OPTIONS", "verify_asan_link_order=0", 1);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     dup2(out, 1);
     dup2(err, 2);

@@ -267,14 +267,8 @@ EMU_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version
     return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
   }();
   gmem::ProcLookup found = gmem::find_proc(symbol, version, flags);
-  void* fn = found.index >= 0 ? dlsym(self, gmem::function_names[found.index]) : nullptr;
-  if (status) {
-    *status = fn                  ? CU_GET_PROC_ADDRESS_SUCCESS
-              : found.name_known && found.index < 0 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                                                    : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  }
-  *pfn = fn;
-  return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  return gmem::proc_answer(found, found.index >= 0 ? dlsym(self, gmem::function_names[found.index]) : nullptr, pfn,
+                           status);
 }
 
 #undef cuGetProcAddress

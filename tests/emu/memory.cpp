@@ -130,11 +130,10 @@ EMU_ALIAS(cuMemFreeAsync_ptsz, cuMemFreeAsync)
 
 EMU_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (CUresult r = context_check()) return r;
-  if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(state().mutex);
   const Device& d = state().devices[static_cast<std::size_t>(current_context()->device)];
-  *free = d.total - d.used;
-  *total = d.total;
+  if (free) *free = d.total - d.used;
+  if (total) *total = d.total;
   return CUDA_SUCCESS;
 }
 

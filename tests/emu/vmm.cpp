@@ -134,7 +134,8 @@ EMU_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
   std::lock_guard lock(s.mutex);
   auto phys = s.physical.find(handle);
   if (phys == s.physical.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (flags != 0 || offset != 0 || size != phys->second.size || ptr % granularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0 || size != phys->second.size || ptr % granularity != 0) return CUDA_ERROR_INVALID_VALUE;
   auto r = s.reservations.upper_bound(ptr);
   if (r == s.reservations.begin() || ptr + size > (--r)->first + r->second) return CUDA_ERROR_INVALID_VALUE;
   auto next = s.mappings.lower_bound(ptr);
