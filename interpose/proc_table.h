@@ -63,11 +63,10 @@ inline ProcLookup find_proc(std::string_view symbol, int version, unsigned long 
 
 // cuGetProcAddress_v2's answer for a lookup that resolved to `fn` (null if it
 // did not), as driver 580 gives it: a name it cannot hand out is still
-// CUDA_SUCCESS, with the reason in the status, or CUDA_ERROR_NOT_FOUND when
-// there is no status to fill.
+// CUDA_SUCCESS, with a null pointer and the reason in the status.
 inline CUresult proc_answer(const ProcLookup& found, void* fn, void** pfn, CUdriverProcAddressQueryResult* status) {
   *pfn = fn;
-  if (!status) return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  if (!status) return CUDA_SUCCESS;
   *status = fn                               ? CU_GET_PROC_ADDRESS_SUCCESS
             : found.name_known && found.index < 0 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                                                   : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
