@@ -12,6 +12,7 @@ out=${OUT:-/tmp/gmem-gpu}
 mkdir -p "$out"
 carry=$PWD/.carry
 shim=$carry/libcuda.so.1
+args=$*
 steps=300
 if [ "${1:-}" = "--quick" ]; then
   steps=60
@@ -50,7 +51,7 @@ gpus=$(nvidia-smi -L | wc -l)
   echo "- GPUs: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c | sed 's/^ *//')"
   echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); real libcuda: $real"
   echo "- torch: $(python3 -c 'import torch; print(torch.__version__)')"
-  echo "- command: \`bash scripts/gpu-test.sh ${*:-}\`"
+  echo "- command: \`bash scripts/gpu-test.sh $args\`"
   echo
   echo "| step | command | result | time |"
   echo "| --- | --- | --- | --- |"
