@@ -310,20 +310,39 @@ TEST_F(Vmm, TwoMappingsOfOneHandleAlias) {
   EXPECT_EQ(cuMemAddressFree(va, 2 * granularity_), CUDA_SUCCESS);
 }
 
+// One file descriptor over a unix socket (SCM_RIGHTS), with one byte of data.
+struct FdMessage {
+  char byte = 0;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  bool send(int socket, int fd) {
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(socket, &msg, 0) == 1;
+  }
+  int receive(int socket) {
+    if (recvmsg(socket, &msg, 0) != 1 || !CMSG_FIRSTHDR(&msg)) return -1;
+    int fd = -1;
+    std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof fd);
+    return fd;
+  }
+};
+
 // The child half of the cross-process test: imports the handle whose fd
 // arrives on `socket`, checks the parent's pattern, writes its own.
 int child_main(int socket) {
-  char byte = 0;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  iovec iov{&byte, 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  if (recvmsg(socket, &msg, 0) != 1 || !CMSG_FIRSTHDR(&msg)) return 10;
-  int fd = -1;
-  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof fd);
+  int fd = FdMessage().receive(socket);
+  if (fd < 0) return 10;
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 11;
@@ -371,20 +390,7 @@ TEST_F(Vmm, ExportedFdImportsInAnotherProcess) {
   pid_t child = 0;
   ASSERT_EQ(posix_spawn(&child, self.c_str(), &actions, nullptr, argv, environ), 0);
   posix_spawn_file_actions_destroy(&actions);
-  char byte = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{&byte, 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  ASSERT_EQ(sendmsg(sockets[0], &msg, 0), 1);
+  ASSERT_TRUE(FdMessage().send(sockets[0], fd));
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));

@@ -272,21 +272,31 @@ EMU_ALIAS(cuMemsetD32Async_ptsz, cuMemsetD32Async)
 
 // Streams and events: handles only; all work has finished when it is enqueued.
 
-EMU_API CUresult cuStreamCreate(CUstream* stream, unsigned int) {
+namespace {
+
+template <typename Handle>
+CUresult new_handle(Handle* handle) {
   if (CUresult r = context_check()) return r;
-  if (!stream) return CUDA_ERROR_INVALID_VALUE;
-  *stream = reinterpret_cast<CUstream>(new char);
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  *handle = reinterpret_cast<Handle>(new char);
   return CUDA_SUCCESS;
 }
+
+template <typename Handle>
+CUresult delete_handle(Handle handle) {
+  if (CUresult r = context_check()) return r;
+  if (!handle) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<char*>(handle);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+EMU_API CUresult cuStreamCreate(CUstream* stream, unsigned int) { return new_handle(stream); }
 EMU_API CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int) {
   return cuStreamCreate(stream, flags);
 }
-EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
-  if (CUresult r = context_check()) return r;
-  if (!stream) return CUDA_ERROR_INVALID_HANDLE;
-  delete reinterpret_cast<char*>(stream);
-  return CUDA_SUCCESS;
-}
+EMU_API CUresult cuStreamDestroy_v2(CUstream stream) { return delete_handle(stream); }
 EMU_API CUresult cuStreamSynchronize(CUstream) { return context_check(); }
 EMU_API CUresult cuStreamQuery(CUstream) { return context_check(); }
 EMU_API CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int) { return context_check(); }
@@ -308,18 +318,8 @@ EMU_ALIAS(cuStreamQuery_ptsz, cuStreamQuery)
 EMU_ALIAS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent)
 EMU_ALIAS(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3)
 
-EMU_API CUresult cuEventCreate(CUevent* event, unsigned int) {
-  if (CUresult r = context_check()) return r;
-  if (!event) return CUDA_ERROR_INVALID_VALUE;
-  *event = reinterpret_cast<CUevent>(new char);
-  return CUDA_SUCCESS;
-}
-EMU_API CUresult cuEventDestroy_v2(CUevent event) {
-  if (CUresult r = context_check()) return r;
-  if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  delete reinterpret_cast<char*>(event);
-  return CUDA_SUCCESS;
-}
+EMU_API CUresult cuEventCreate(CUevent* event, unsigned int) { return new_handle(event); }
+EMU_API CUresult cuEventDestroy_v2(CUevent event) { return delete_handle(event); }
 EMU_API CUresult cuEventRecord(CUevent event, CUstream) {
   return event ? context_check() : CUDA_ERROR_INVALID_HANDLE;
 }

@@ -26,6 +26,16 @@ void unreference(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) 
   state().physical.erase(it);
 }
 
+// True if [ptr, ptr + size) is made of whole, adjacent mappings.
+bool whole_mappings(CUdeviceptr ptr, std::size_t size) {
+  const auto& mappings = state().mappings;
+  std::size_t covered = 0;
+  for (auto m = mappings.find(ptr); m != mappings.end() && m->first == ptr + covered && covered < size; ++m) {
+    covered += m->second.size;
+  }
+  return size > 0 && covered == size;
+}
+
 CUresult add_handle(CUmemGenericAllocationHandle* handle, int fd, std::size_t size, CUmemLocation location) {
   State& s = state();
   *handle = s.next_handle++;
@@ -155,12 +165,8 @@ EMU_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (CUresult r = init_check()) return r;
   State& s = state();
   std::lock_guard lock(s.mutex);
-  auto it = s.mappings.lower_bound(ptr);
-  if (it == s.mappings.end() || it->first != ptr) return CUDA_ERROR_INVALID_VALUE;
-  // The range must consist of whole mappings.
-  std::size_t covered = 0;
-  for (auto m = it; m != s.mappings.end() && m->first == ptr + covered && covered < size; ++m) covered += m->second.size;
-  if (covered != size) return CUDA_ERROR_INVALID_VALUE;
+  if (!whole_mappings(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  auto it = s.mappings.find(ptr);
   mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   while (it != s.mappings.end() && it->first < ptr + size) {
     unreference(s.physical.find(it->second.handle));
@@ -174,11 +180,7 @@ EMU_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
   if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
   std::lock_guard lock(s.mutex);
-  std::size_t covered = 0;
-  for (auto m = s.mappings.find(ptr); m != s.mappings.end() && m->first == ptr + covered && covered < size; ++m) {
-    covered += m->second.size;
-  }
-  if (covered != size) return CUDA_ERROR_INVALID_VALUE;
+  if (!whole_mappings(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   int prot = PROT_NONE;
   for (size_t i = 0; i < count; ++i) {
     if (!valid_location(desc[i].location)) return CUDA_ERROR_INVALID_DEVICE;
