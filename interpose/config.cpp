@@ -27,6 +27,13 @@ bool parse_value(std::string_view text, config_type::level& out, std::string& ex
   return false;
 }
 
+bool parse_value(std::string_view text, config_type::source& out, std::string& expected) {
+  expected = "driver or vmm";
+  if (text == "driver") return out = config_type::source::driver, true;
+  if (text == "vmm") return out = config_type::source::vmm, true;
+  return false;
+}
+
 // Reads one key:value pair into `config`; returns an error message or "".
 std::string apply(Config& config, std::string_view key, std::string_view value) {
   std::string expected;

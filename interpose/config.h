@@ -12,6 +12,7 @@ namespace gmem {
 namespace config_type {
 using flag = bool;
 using level = spdlog::level::level_enum;
+enum class source { driver, vmm };
 }  // namespace config_type
 
 struct Config {

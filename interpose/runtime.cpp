@@ -65,7 +65,8 @@ void initialise() {
       gmem_real_table[i] = fn ? fn : reinterpret_cast<void*>(&missing_function);
     }
     if (!rt->config.disable) {
-      rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }));
+      rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
+                                rt->config.pool == config_type::source::vmm);
     }
   }
   the_runtime = rt;

@@ -39,8 +39,18 @@ CUresult Pool::free_tracked(Registry& registry, uint64_t key, FreeCall&& free_ca
 }
 
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
-  CUresult status = driver_.cuMemAlloc_v2(dptr, size);
-  if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
+  if (!vmm_) {
+    CUresult status = driver_.cuMemAlloc_v2(dptr, size);
+    if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
+    return status;
+  }
+  Allocation a = describe(0, size, Kind::device, nullptr);
+  if (!a.context) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult status = vmm_->alloc(dptr, size, a.device, a.context);
+  if (status == CUDA_SUCCESS) {
+    a.key = *dptr;
+    allocations_.insert(a);
+  }
   return status;
 }
 
@@ -72,7 +82,12 @@ CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem
 }
 
 CUresult Pool::free(CUdeviceptr dptr) {
-  return free_tracked(allocations_, dptr, [&] { return driver_.cuMemFree_v2(dptr); });
+  return free_tracked(allocations_, dptr, [&] {
+    if (vmm_) {
+      if (std::optional<CUresult> status = vmm_->free(dptr)) return *status;
+    }
+    return driver_.cuMemFree_v2(dptr);
+  });
 }
 
 CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream) {
@@ -81,21 +96,77 @@ CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream defau
   return free_tracked(allocations_, dptr, [&] { return free_call(dptr, stream); });
 }
 
+// Memory the pool caches counts as free: the program may have it.
 CUresult Pool::get_info(std::size_t* free, std::size_t* total) {
-  return driver_.cuMemGetInfo_v2(free, total);
+  CUresult status = driver_.cuMemGetInfo_v2(free, total);
+  CUdevice device = 0;
+  if (vmm_ && status == CUDA_SUCCESS && free && driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
+    *free += vmm_->cached_bytes(device);
+  }
+  return status;
 }
 
+// The driver describes the pool's chunks, not the program's allocations: for
+// pool memory the pool answers.
 CUresult Pool::get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
+  if (std::optional<Block> block = vmm_ ? vmm_->find(dptr) : std::nullopt) {
+    if (block->size == 0) return CUDA_ERROR_NOT_FOUND;
+    if (base) *base = block->base;
+    if (size) *size = block->size;
+    return CUDA_SUCCESS;
+  }
   return driver_.cuMemGetAddressRange_v2(base, size, dptr);
 }
 
+namespace {
+
+// A pointer attribute of pool memory that the pool knows better than the
+// driver; nullopt where the driver's answer stands.
+std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) {
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = block.context;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = block.device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = block.base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<std::size_t*>(data) = block.size;
+      return CUDA_SUCCESS;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
 CUresult Pool::pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  if (std::optional<Block> block = vmm_ && data ? vmm_->find(ptr) : std::nullopt) {
+    if (block->size == 0) return CUDA_ERROR_INVALID_VALUE;  // freed: unknown, as to the driver
+    if (std::optional<CUresult> status = block_attribute(*block, attribute, data)) return *status;
+  }
   return driver_.cuPointerGetAttribute(data, attribute, ptr);
 }
 
 CUresult Pool::pointer_attributes(unsigned count, CUpointer_attribute* attributes, void** data,
                                   CUdeviceptr ptr) {
-  return driver_.cuPointerGetAttributes(count, attributes, data, ptr);
+  CUresult status = driver_.cuPointerGetAttributes(count, attributes, data, ptr);
+  std::optional<Block> block = vmm_ && status == CUDA_SUCCESS ? vmm_->find(ptr) : std::nullopt;
+  for (unsigned i = 0; block && i < count; ++i) {
+    if (!data[i]) continue;
+    if (block->size) {
+      block_attribute(*block, attributes[i], data[i]);
+    } else if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
+      *static_cast<unsigned*>(data[i]) = 0;  // freed: no CUDA memory, as to the driver
+    }
+  }
+  return status;
 }
 
 CUresult Pool::create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
@@ -148,6 +219,7 @@ void Pool::primary_context_released(CUdevice device) {
 
 void Pool::context_destroyed(CUcontext context) {
   allocations_.purge_context(context);
+  if (vmm_) vmm_->forget_context(context);
 }
 
 }  // namespace gmem::pool

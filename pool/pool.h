@@ -6,10 +6,12 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
 #include "pool/registry.h"
+#include "pool/vmm_pool.h"
 #include "vmm/driver.h"
 
 namespace gmem::pool {
@@ -20,7 +22,9 @@ enum class DefaultStream : bool { legacy, per_thread };
 
 class Pool {
  public:
-  explicit Pool(const vmm::Driver& driver) : driver_(driver) {}
+  // With `use_vmm`, cuMemAlloc memory comes from gmem's VMM pool.
+  explicit Pool(const vmm::Driver& driver, bool use_vmm = false)
+      : driver_(driver), vmm_(use_vmm ? std::make_unique<VmmPool>(driver_) : nullptr) {}
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);
   CUresult alloc_pitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width, std::size_t height,
@@ -59,6 +63,7 @@ class Pool {
   CUresult free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call);
 
   const vmm::Driver driver_;
+  const std::unique_ptr<VmmPool> vmm_;
   Ledger ledger_;
   Registry allocations_{ledger_};  // by device address
   Registry handles_{ledger_};      // physical allocations, by handle

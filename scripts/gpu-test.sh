@@ -61,6 +61,7 @@ preload=(env LD_PRELOAD="$shim")
 step conformance-real "$carry/conformance"
 step conformance-shim "${preload[@]}" "$carry/conformance"
 step conformance-shim-disabled "${preload[@]}" GMEM_CONF=disable:1 "$carry/conformance"
+step conformance-shim-vmm-pool "${preload[@]}" GMEM_CONF=pool:vmm "$carry/conformance"
 # The suite provokes API errors on purpose; memory errors are what count here.
 sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
 step sanitizer-real "${sanitizer[@]}" "$carry/conformance"
@@ -89,8 +90,12 @@ step driver-job job_matches
 step lazy "${preload[@]}" "$carry/lazy-probe"
 step exec-child-lazy "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
 step stress "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
+step stress-vmm-pool "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
+step stitch-vmm-pool "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
 
 step train-matrix python3 tests/gpu/run_train_matrix.py --shim "$shim" --out "$out/train" --steps "$steps" --bench
+step train-vmm-pool python3 tests/gpu/run_train_matrix.py --shim "$shim" --out "$out/train-vmm" --steps "$steps" \
+  --conf pool:vmm --allocators default --bench
 if [ "$gpus" -ge 2 ]; then
   step allreduce-native python3 tests/gpu/allreduce.py
   step allreduce-shim "${preload[@]}" GMEM_CONF=report:1 python3 tests/gpu/allreduce.py
@@ -110,7 +115,7 @@ step bench-load "$carry/bench-load" "$shim" "$real"
   echo
   echo "Training matrix:"
   echo
-  grep -h '^|' "$out/train-matrix.log" 2>/dev/null || true
+  grep -h '^|' "$out/train-matrix.log" "$out/train-vmm-pool.log" 2>/dev/null || true
 } >>"$summary"
 cat "$summary"
 exit $((failed > 0))

@@ -9,7 +9,7 @@ build=${1:-build}
 rm -rf .carry
 mkdir -p .carry
 cp "$build/interpose/libcuda.so.1" .carry/
-for t in driver-job driver-job-dlopen stress lazy-probe bench-shim bench-load conformance/conformance; do
+for t in driver-job driver-job-dlopen stress stitch lazy-probe bench-shim bench-load conformance/conformance; do
   cp "$build/tests/$t" .carry/
 done
 strip --strip-unneeded .carry/*

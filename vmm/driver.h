@@ -31,7 +31,12 @@ namespace gmem::vmm {
   X(cuMemRelease, cuMemRelease)                                 \
   X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)   \
   X(cuMemMap, cuMemMap)                                         \
-  X(cuMemUnmap, cuMemUnmap)
+  X(cuMemUnmap, cuMemUnmap)                                     \
+  X(cuMemSetAccess, cuMemSetAccess)                             \
+  X(cuMemAddressReserve, cuMemAddressReserve)                   \
+  X(cuMemAddressFree, cuMemAddressFree)                         \
+  X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity) \
+  X(cuCtxSynchronize, cuCtxSynchronize)
 
 struct Driver {
 #define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;

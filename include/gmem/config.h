@@ -2,13 +2,17 @@
 // parses them from it, and the README's table is checked against it.
 #pragma once
 
-// X(name, type, default, doc). Types: flag (0/1), level (a log level).
+// X(name, type, default, doc). Types: flag (0/1), level (a log level),
+// source (driver or vmm).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
   X(report, flag, "0",                                                               \
     "1: print a summary of the allocations seen (counts, live and peak bytes) to "   \
     "stderr at exit")                                                                \
+  X(pool, source, "driver",                                                          \
+    "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
+    "pool of cached, stitched VMM chunks; experimental)")                           \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")

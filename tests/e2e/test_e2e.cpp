@@ -90,7 +90,8 @@ TEST_P(Job, SameResultsUnderEveryLoading) {
   Result reference = run({GetParam()}, native);
   ASSERT_EQ(reference.status, 0) << reference.err;
   ASSERT_NE(reference.out.find("checksum="), std::string::npos);
-  for (const Env& env : {preload, library_path, with(preload, "disable:1"), with(library_path, "disable:1")}) {
+  for (const Env& env : {preload, library_path, with(preload, "disable:1"), with(library_path, "disable:1"),
+                         with(preload, "pool:vmm")}) {
     Result r = run({GetParam()}, env);
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, reference.out);
@@ -99,7 +100,7 @@ TEST_P(Job, SameResultsUnderEveryLoading) {
 }
 
 TEST_P(Job, ReportAccountsForEveryAllocation) {
-  for (const Env& env : {with(preload, "report:1"), with(library_path, "report:1")}) {
+  for (const Env& env : {with(preload, "report:1"), with(library_path, "report:1"), with(preload, "report:1,pool:vmm")}) {
     Result r = run({GetParam()}, env);
     ASSERT_EQ(r.status, 0) << r.err;
     auto expected = allocations(r.out, "expect");
@@ -126,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {
@@ -169,8 +170,10 @@ TEST(Lazy, ShellCommandsRunUnderThePreload) {
   EXPECT_EQ(r.err, "");
 }
 
-TEST(Stress, ThreadsAllocatingAndFreeingKeepTheirData) {
-  Result r = run({GMEM_STRESS, "16", GMEM_STRESS_ITERATIONS}, with(preload, "report:1"));
+class Stress : public testing::TestWithParam<const char*> {};
+
+TEST_P(Stress, ThreadsAllocatingAndFreeingKeepTheirData) {
+  Result r = run({GMEM_STRESS, "16", GMEM_STRESS_ITERATIONS}, with(preload, GetParam()));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("stress ok"), std::string::npos);
   // Every allocation was seen and freed.
@@ -178,6 +181,20 @@ TEST(Stress, ThreadsAllocatingAndFreeingKeepTheirData) {
   ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"(report total\s+allocs=(\d+) frees=(\d+))"))) << r.err;
   EXPECT_EQ(m[1], m[2]);
   EXPECT_GE(std::stoll(m[1]), 16LL * std::stoll(GMEM_STRESS_ITERATIONS));
+}
+
+INSTANTIATE_TEST_SUITE_P(E2E, Stress, testing::Values("report:1", "report:1,pool:vmm"),
+                         [](const auto& info) { return std::string(info.index ? "vmm_pool" : "driver"); });
+
+TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {
+  Env env = with(preload, "pool:vmm,report:1");
+  env["GMEM_EMU_DEVICE_MEMORY"] = "256M";
+  Result r = run({GMEM_STITCH}, env);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("stitch: 32 blocks of 8 MiB filled the device; freed 16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stitch ok"), std::string::npos);
+  // The pool's own chunks are not the program's: only its cuMemAlloc calls count.
+  EXPECT_NE(r.err.find("gmem: report device   allocs=33 frees=33 "), std::string::npos) << r.err;
 }
 
 TEST(Exports, ExactlyTheToolkitsDriverFunctions) {

@@ -17,7 +17,7 @@ REPORT = re.compile(r"gmem: report (\w+)\s+allocs=(\d+) frees=(\d+) bytes=(\d+) 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
 
 
-def run(name, out, allocator, loading, shim, steps):
+def run(name, out, allocator, loading, shim, steps, conf=""):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if ALLOCATORS[allocator]:
@@ -27,7 +27,7 @@ def run(name, out, allocator, loading, shim, steps):
     elif loading == "library-path":
         env["LD_LIBRARY_PATH"] = os.path.dirname(shim) + ":" + env.get("LD_LIBRARY_PATH", "")
     if loading != "native":
-        env["GMEM_CONF"] = "report:1"
+        env["GMEM_CONF"] = ",".join(filter(None, ["report:1", conf]))
     losses = os.path.join(out, f"losses-{name}.txt")
     cmd = [sys.executable, os.path.join(HERE, "train.py"), "--steps", str(steps), "--losses", losses]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -62,13 +62,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the runs under gmem")
+    ap.add_argument("--allocators", nargs="+", choices=list(ALLOCATORS), default=list(ALLOCATORS))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     failures = 0
     print("| allocator | loading | losses | report | gmem saw | torch allocated | median step |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for allocator in ALLOCATORS:
+    for allocator in args.allocators:
         native = run(f"{allocator}-native", args.out, allocator, "native", args.shim, args.steps)
         if not native["ok"]:
             print(f"| {allocator} | native | FAIL: {native['error'][:200]} | | | | |")
@@ -76,7 +78,7 @@ def main():
             continue
         print(f"| {allocator} | native | {native['final_loss']!r} (reference) | | | | {native['median_step_ms']:.2f} ms |")
         for loading in ("preload", "library-path"):
-            r = run(f"{allocator}-{loading}", args.out, allocator, loading, args.shim, args.steps)
+            r = run(f"{allocator}-{loading}", args.out, allocator, loading, args.shim, args.steps, args.conf)
             if not r["ok"]:
                 print(f"| {allocator} | {loading} | FAIL: {r['error'][:200]} | | | | |")
                 failures += 1
@@ -100,16 +102,17 @@ def main():
         shim_ms, native_ms = [], []
         for i in range(3):
             for loading, into in (("native", native_ms), ("preload", shim_ms)):
-                r = run(f"bench-{i}-{loading}", args.out, "default", loading, args.shim, args.steps)
+                r = run(f"bench-{i}-{loading}", args.out, "default", loading, args.shim, args.steps, args.conf)
                 if not r["ok"]:
                     failures += 1
                     continue
                 into.append(r["median_step_ms"])
         if shim_ms and native_ms:
             shim, native = statistics.median(shim_ms), statistics.median(native_ms)
-            print(f"BENCH train_step_ms {shim:.3f} ms")
-            print(f"BENCH train_step_ms_native {native:.3f} ms")
-            print(f"BENCH train_step_ratio {shim / native:.4f} x")
+            name = "train_step" + "".join("_" + re.sub(r"\W", "_", c) for c in args.conf.split(",") if c)
+            print(f"BENCH {name}_ms {shim:.3f} ms")
+            print(f"BENCH {name}_ms_native {native:.3f} ms")
+            print(f"BENCH {name}_ratio {shim / native:.4f} x")
     print(f"train matrix: {failures} failure(s)")
     return 1 if failures else 0
 

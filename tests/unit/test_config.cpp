@@ -24,13 +24,16 @@ TEST(Config, ReadsEveryKey) {
   EXPECT_TRUE(r.config.disable);
   EXPECT_TRUE(r.config.report);
   EXPECT_EQ(r.config.log_level, spdlog::level::debug);
+  EXPECT_EQ(parse_config("pool:vmm").config.pool, config_type::source::vmm);
+  EXPECT_EQ(parse_config("").config.pool, config_type::source::driver);
+  EXPECT_EQ(parse_config("pool:heap").error, "bad value 'heap' for key 'pool' (expected driver or vmm)");
   EXPECT_EQ(parse_config("log_level:off").config.log_level, spdlog::level::off);
   EXPECT_EQ(parse_config("log_level:warn").config.log_level, spdlog::level::warn);
 }
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {
   ConfigResult r = parse_config("report:1,repot:1");
-  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, log_level)");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, log_level)");
 }
 
 TEST(Config, BadValueSaysWhatIsExpected) {
@@ -40,7 +43,7 @@ TEST(Config, BadValueSaysWhatIsExpected) {
 }
 
 TEST(Config, ItemWithoutColonIsAnError) {
-  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, log_level)");
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, log_level)");
 }
 
 TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {
