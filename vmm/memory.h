@@ -5,41 +5,63 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "vmm/driver.h"
 
 namespace gmem::vmm {
 
-// Physical memory made with cuMemCreate on a device, exportable as a POSIX fd.
-class Chunk {
+// Something the driver made, identified by a 64-bit id and a size, that its
+// owner gives back when destroyed. Moving transfers the duty.
+class Owned {
  public:
-  Chunk() = default;
-  static CUresult create(const Driver& driver, int device, std::size_t size, Chunk* out);
-  Chunk(Chunk&& other) noexcept { *this = std::move(other); }
-  Chunk& operator=(Chunk&& other) noexcept;
-  ~Chunk();
-
-  CUmemGenericAllocationHandle handle() const { return handle_; }
+  Owned() = default;
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  Owned(Owned&& other) noexcept { *this = std::move(other); }
+  Owned& operator=(Owned&& other) noexcept {
+    std::swap(driver_, other.driver_);
+    std::swap(id_, other.id_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
   std::size_t size() const { return size_; }
 
- private:
-  const Driver* driver_ = nullptr;
-  CUmemGenericAllocationHandle handle_ = 0;
+ protected:
+  Owned(const Driver& driver, uint64_t id, std::size_t size) : driver_(&driver), id_(id), size_(size) {}
+  ~Owned() = default;
+
+  const Driver* driver_ = nullptr;  // null: nothing owned
+  uint64_t id_ = 0;
   std::size_t size_ = 0;
 };
 
+// Physical memory made with cuMemCreate on a device, exportable as a POSIX fd.
+class Chunk : public Owned {
+ public:
+  Chunk() = default;
+  Chunk(Chunk&&) noexcept = default;
+  Chunk& operator=(Chunk&&) noexcept = default;
+  ~Chunk();
+  static CUresult create(const Driver& driver, int device, std::size_t size, Chunk* out);
+
+  CUmemGenericAllocationHandle handle() const { return id_; }
+
+ private:
+  using Owned::Owned;
+};
+
 // A reserved virtual address range; chunks are mapped into it back to back.
-class Reservation {
+class Reservation : public Owned {
  public:
   Reservation() = default;
-  static CUresult reserve(const Driver& driver, std::size_t size, Reservation* out);
-  Reservation(Reservation&& other) noexcept { *this = std::move(other); }
-  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(Reservation&&) noexcept = default;
+  Reservation& operator=(Reservation&&) noexcept = default;
   ~Reservation();
+  static CUresult reserve(const Driver& driver, std::size_t size, Reservation* out);
 
-  CUdeviceptr base() const { return base_; }
-  std::size_t size() const { return size_; }
+  CUdeviceptr base() const { return id_; }
 
   // Maps `chunk` at `offset` and gives `device` read-write access to it.
   CUresult map(std::size_t offset, const Chunk& chunk, int device) const;
@@ -47,9 +69,7 @@ class Reservation {
   CUresult unmap(std::size_t offset, std::size_t size) const;
 
  private:
-  const Driver* driver_ = nullptr;
-  CUdeviceptr base_ = 0;
-  std::size_t size_ = 0;
+  using Owned::Owned;
 };
 
 // The device's allocation granularity for pinned device memory.
