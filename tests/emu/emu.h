@@ -1,13 +1,17 @@
 // The emulated CUDA driver: shared state of the test fixture. Device memory is
-// host memory; VMM physical memory is a memfd, so mappings alias as on a GPU and
-// handles cross processes as POSIX fds. Work on streams runs at once, in order.
+// host memory mapped into one reserved range; VMM physical memory is a memfd, so
+// mappings alias as on a GPU and handles cross processes as POSIX fds. Work on
+// streams runs at once, in order.
 #pragma once
 
 #include <cuda.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #define EMU_API extern "C" [[gnu::visibility("default")]]
@@ -18,70 +22,134 @@
 namespace emu {
 
 constexpr std::size_t granularity = 2 << 20;
+constexpr std::size_t page = 4096;
 
 struct Context {
   int device = 0;
-  bool alive = true;
+  bool alive = true;  // a primary context: active (retained and not reset)
   bool primary = false;
 };
 
-enum class Kind { device, managed, host, mapped };
+// A device's stream-ordered pool. Its memory is bookkeeping over ordinary
+// allocations: reserved bytes beyond those in use are kept, as the driver keeps
+// them, until a synchronisation trims the pool to its release threshold.
+struct MemPool {
+  int device = 0;
+  cuuint64_t release_threshold = 0;
+  cuuint64_t reserved = 0, reserved_high = 0;
+  cuuint64_t used = 0, used_high = 0;
+  int reuse[3] = {1, 1, 1};  // follow event dependencies, opportunistic, internal dependencies
+};
+
+enum class Kind { device, managed, host };
 
 struct Allocation {
   std::size_t size = 0;
-  std::size_t reserved = 0;  // bytes mapped for it; 0: it came from the heap
+  std::size_t footprint = 0;  // address space taken in the device range; 0: host heap
   int device = 0;
   Context* context = nullptr;
   Kind kind = Kind::device;
+  MemPool* pool = nullptr;  // stream-ordered allocations
+  unsigned long long id = 0;
 };
 
 struct Physical {
   int fd = -1;
   std::size_t size = 0;
   CUmemLocation location{};
-  int references = 1;  // the handle, plus one per mapping
+  CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE;
+  bool charged = false;  // counts against its device's memory
+  int references = 1;    // the handle, plus one per mapping and retain
 };
 
 struct Mapping {
   std::size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+};
+
+struct Stream {
+  Context* context = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+};
+
+struct Event {
+  unsigned flags = 0;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when{};
 };
 
 struct Device {
   std::size_t total = 0;
   std::size_t used = 0;
-  Context* primary = nullptr;
+  Context primary{0, false, true};
   int primary_references = 0;
   unsigned primary_flags = 0;
+  MemPool pool;
+  MemPool* current_pool = nullptr;
 };
 
 struct State {
   std::mutex mutex;
   bool initialised = false;
-  std::vector<Device> devices;
+  std::vector<Device> devices;  // sized once by cuInit: pointers into it stay valid
   std::map<CUdeviceptr, Allocation> allocations;  // by start address
   std::map<CUmemGenericAllocationHandle, Physical> physical;
-  std::map<CUdeviceptr, Mapping> mappings;       // by start address
+  std::map<CUdeviceptr, Mapping> mappings;  // by start address
   std::map<CUdeviceptr, std::size_t> reservations;
+  std::set<Context*> contexts;  // created ones; destroyed ones stay, dead
+  std::set<Stream*> streams;
+  std::set<Event*> events;
   CUmemGenericAllocationHandle next_handle = 0x1000;
+  unsigned long long next_buffer_id = 1;
 };
 
 State& state();
-Context*& current_context();
 
-// Common checks: CUDA_SUCCESS when the driver is initialised (and, for
-// context_check, a live context is current).
-CUresult init_check();
-CUresult context_check();
+// The calling thread's context stack; its top is the current context.
+std::vector<Context*>& context_stack();
+Context* current_context();
+
+// Common checks, each also the trace point of the exported function calling it
+// (GMEM_EMU_TRACE=1): CUDA_SUCCESS when the driver is initialised, the device
+// exists, a live context is current.
+void trace(const char* function);
+CUresult init_check(const char* caller = __builtin_FUNCTION());
+CUresult device_check(CUdevice device, const char* caller = __builtin_FUNCTION());
+CUresult context_check(const char* caller = __builtin_FUNCTION());
 
 // The allocation containing `ptr` (interior pointers too), or end().
 std::map<CUdeviceptr, Allocation>::iterator find_allocation(CUdeviceptr ptr);
+// The VMM mapping containing `ptr`, or end().
+std::map<CUdeviceptr, Mapping>::iterator find_mapping(CUdeviceptr ptr);
+// True if [ptr, ptr + bytes) is device memory the caller may read (or write).
+bool accessible(CUdeviceptr ptr, std::size_t bytes, bool write);
 
 // Device memory bookkeeping; false when the device is out of memory.
 bool charge(int device, std::size_t bytes);
 void refund(int device, std::size_t bytes);
 
+// Address space in the device range: 2 MiB aligned from 2 MiB up, page aligned
+// below; readable and writable once taken, inaccessible again once given back.
+void* take_device_range(std::size_t size, std::size_t* footprint);
+void give_device_range(void* start, std::size_t footprint);
+// True if `ptr` lies in device address space: the device range or a VMM reservation.
+bool device_address(CUdeviceptr ptr);
+
 // Frees every allocation of a context being destroyed.
 void drop_context(Context* context);
+// Frees one allocation (its memory and its charge); the iterator dies.
+void drop_allocation(std::map<CUdeviceptr, Allocation>::iterator it);
+
+// Stream-ordered pools.
+MemPool* find_pool(CUmemoryPool pool);
+CUresult pool_allocate(MemPool* pool, CUdeviceptr* dptr, std::size_t size);
+// Releases what every pool holds beyond its release threshold (at synchronisation).
+void trim_pools();
+
+// Stream and event handles as the driver checks them (0 and the two special
+// streams are valid); the caller holds the state mutex.
+bool valid_stream(CUstream stream);
 
 }  // namespace emu

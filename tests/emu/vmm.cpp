@@ -6,6 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <string>
+
 #include "emu.h"
 
 namespace emu {
@@ -21,7 +27,7 @@ bool on_device(const CUmemLocation& l) { return l.type == CU_MEM_LOCATION_TYPE_D
 // Drops one reference to a physical allocation; the last one frees it.
 void unreference(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
   if (--it->second.references > 0) return;
-  if (on_device(it->second.location)) refund(it->second.location.id, it->second.size);
+  if (it->second.charged) refund(it->second.location.id, it->second.size);
   close(it->second.fd);
   state().physical.erase(it);
 }
@@ -36,11 +42,28 @@ bool whole_mappings(CUdeviceptr ptr, std::size_t size) {
   return size > 0 && covered == size;
 }
 
-CUresult add_handle(CUmemGenericAllocationHandle* handle, int fd, std::size_t size, CUmemLocation location) {
+CUresult add_handle(CUmemGenericAllocationHandle* handle, Physical physical) {
   State& s = state();
   *handle = s.next_handle++;
-  s.physical[*handle] = Physical{fd, size, location, 1};
+  s.physical[*handle] = physical;
   return CUDA_SUCCESS;
+}
+
+// The memfd's name carries the location, so that an importing process knows it.
+std::string memfd_name(const CUmemLocation& l) {
+  return "gmem-emu-" + std::to_string(static_cast<int>(l.type)) + "-" + std::to_string(l.id);
+}
+
+CUmemLocation location_of(int fd) {
+  char link[64], target[256] = {};
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  CUmemLocation l{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  int type = 0, id = 0;
+  if (readlink(link, target, sizeof target - 1) > 0 && std::sscanf(target, "/memfd:gmem-emu-%d-%d", &type, &id) == 2) {
+    l.type = static_cast<CUmemLocationType>(type);
+    l.id = id;
+  }
+  return l;
 }
 
 }  // namespace
@@ -63,15 +86,19 @@ EMU_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
       prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || !valid_location(prop->location)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+      prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // fabric and Win32 handles: not on this "platform"
+  }
   std::lock_guard lock(state().mutex);
   if (on_device(prop->location) && !charge(prop->location.id, size)) return CUDA_ERROR_OUT_OF_MEMORY;
-  int fd = memfd_create("gmem-emu-physical", MFD_CLOEXEC);
+  int fd = memfd_create(memfd_name(prop->location).c_str(), MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
     if (fd >= 0) close(fd);
     if (on_device(prop->location)) refund(prop->location.id, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  return add_handle(handle, fd, size, prop->location);
+  return add_handle(handle, Physical{fd, size, prop->location, prop->requestedHandleTypes, on_device(prop->location)});
 }
 
 EMU_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -89,8 +116,8 @@ EMU_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handl
   State& s = state();
   std::lock_guard lock(s.mutex);
   auto ptr = reinterpret_cast<CUdeviceptr>(address);
-  auto m = s.mappings.upper_bound(ptr);
-  if (m == s.mappings.begin() || ptr >= (--m)->first + m->second.size) return CUDA_ERROR_INVALID_VALUE;
+  auto m = find_mapping(ptr);
+  if (m == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
   ++s.physical[m->second.handle].references;
   *handle = m->second.handle;
   return CUDA_SUCCESS;
@@ -106,13 +133,13 @@ EMU_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* pro
   *prop = CUmemAllocationProp{};
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->location = it->second.location;
-  prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop->requestedHandleTypes = it->second.handle_types;
   return CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr, unsigned long long) {
   if (CUresult r = init_check()) return r;
-  if (!ptr || size == 0 || size % granularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!ptr || size == 0 || size % granularity != 0 || (alignment & (alignment - 1))) return CUDA_ERROR_INVALID_VALUE;
   std::size_t align = alignment > granularity ? alignment : granularity;
   void* p = mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -157,7 +184,7 @@ EMU_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   ++phys->second.references;
-  s.mappings[ptr] = Mapping{size, handle};
+  s.mappings[ptr] = Mapping{size, handle, CU_MEM_ACCESS_FLAGS_PROT_NONE};
   return CUDA_SUCCESS;
 }
 
@@ -181,13 +208,31 @@ EMU_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
   State& s = state();
   std::lock_guard lock(s.mutex);
   if (!whole_mappings(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
-  int prot = PROT_NONE;
+  // The host's view is the widest access any device is given.
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   for (size_t i = 0; i < count; ++i) {
-    if (!valid_location(desc[i].location)) return CUDA_ERROR_INVALID_DEVICE;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
-    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_location(desc[i].location)) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].flags > access) access = desc[i].flags;
   }
-  return mprotect(reinterpret_cast<void*>(ptr), size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  int prot = access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+             : access == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                          : PROT_NONE;
+  if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (auto m = s.mappings.find(ptr); m != s.mappings.end() && m->first < ptr + size; ++m) m->second.access = access;
+  return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+  if (CUresult r = init_check()) return r;
+  if (!flags || !location || !valid_location(*location)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(state().mutex);
+  auto m = find_mapping(ptr);
+  if (m == state().mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+  *flags = m->second.access;
+  return CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
@@ -196,7 +241,8 @@ EMU_API CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAlloc
   if (!shareable || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(state().mutex);
   auto it = state().physical.find(handle);
-  if (it == state().physical.end()) return CUDA_ERROR_INVALID_VALUE;
+  // Only a handle created for export may be exported.
+  if (it == state().physical.end() || !(it->second.handle_types & type)) return CUDA_ERROR_INVALID_VALUE;
   int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(shareable) = fd;
@@ -213,6 +259,7 @@ EMU_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* ha
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lock(state().mutex);
-  // An imported allocation lives on the device that exported it; it is charged there.
-  return add_handle(handle, own, static_cast<std::size_t>(st.st_size), CUmemLocation{CU_MEM_LOCATION_TYPE_HOST, 0});
+  // It lives where the exporter made it, and is charged there, to the exporter.
+  return add_handle(handle, Physical{own, static_cast<std::size_t>(st.st_size), location_of(own),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, false});
 }
