@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -41,7 +42,97 @@ std::vector<uint32_t> pattern(std::size_t words, uint32_t seed) {
   return v;
 }
 
+// Runs this program again with `mode` as its argument, `fd` as its fd 3 (or
+// none); returns its exit status, or -1.
+int run_child(const char* mode, int fd = -1) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (fd >= 0) posix_spawn_file_actions_adddup2(&actions, fd, 3);
+  std::string self = "/proc/self/exe";
+  char* argv[] = {self.data(), const_cast<char*>(mode), nullptr};
+  pid_t child = 0;
+  int spawned = posix_spawn(&child, self.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  int status = 0;
+  if (spawned != 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
 TEST(Init, FlagsMustBeZero) { EXPECT_EQ(cuInit(1), CUDA_ERROR_INVALID_VALUE); }
+
+// A process that has not called cuInit: every call but the version and error
+// queries says so (cuda.h).
+int before_init_main() {
+  int version = 0;
+  if (cuDriverGetVersion(&version) != CUDA_SUCCESS || version < 13000) return 10;
+  int count = -1;
+  if (cuDeviceGetCount(&count) != CUDA_ERROR_NOT_INITIALIZED) return 11;
+  CUdevice dev = -1;
+  if (cuDeviceGet(&dev, 0) != CUDA_ERROR_NOT_INITIALIZED) return 12;
+  CUdeviceptr p = 0;
+  if (CUresult r = cuMemAlloc_v2(&p, 1 << 20); r != CUDA_ERROR_NOT_INITIALIZED) {
+    fprintf(stderr, "before cuInit: cuMemAlloc_v2 returned %d\n", r);
+    return 13;
+  }
+  const char* name = nullptr;
+  if (cuGetErrorName(CUDA_ERROR_NOT_INITIALIZED, &name) != CUDA_SUCCESS || !name ||
+      std::strcmp(name, "CUDA_ERROR_NOT_INITIALIZED") != 0) {
+    return 14;
+  }
+  return 0;
+}
+
+TEST(Init, CallsBeforeCuInitAreRefused) { EXPECT_EQ(run_child("--before-init"), 0); }
+
+TEST(Init, DevicesAndTheirMemory) {
+  int count = 0;
+  ASSERT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+  ASSERT_GE(count, 1);
+  CUdevice dev = -1;
+  EXPECT_EQ(cuDeviceGet(&dev, count), CUDA_ERROR_INVALID_DEVICE);
+  ASSERT_EQ(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+  std::size_t total = 0;
+  ASSERT_EQ(cuDeviceTotalMem_v2(&total, dev), CUDA_SUCCESS);
+  EXPECT_GE(total, std::size_t{1} << 30);
+  char name[256] = {};
+  ASSERT_EQ(cuDeviceGetName(name, sizeof name, dev), CUDA_SUCCESS);
+  EXPECT_GT(std::strlen(name), 0u);
+  // What gmem relies on: the test GPUs have all three.
+  for (CUdevice_attribute a : {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                               CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                               CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED}) {
+    int value = 0;
+    ASSERT_EQ(cuDeviceGetAttribute(&value, a, dev), CUDA_SUCCESS);
+    EXPECT_EQ(value, 1) << "attribute " << a;
+  }
+  // cuMemGetInfo's total is the device's.
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+  std::size_t free_bytes = 0, info_total = 0;
+  EXPECT_EQ(cuMemGetInfo_v2(&free_bytes, &info_total), CUDA_SUCCESS);
+  EXPECT_EQ(info_total, total);
+  CUcontext popped = nullptr;
+  EXPECT_EQ(cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(popped, ctx);
+  EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(dev), CUDA_SUCCESS);
+}
+
+TEST(Init, ErrorNamesAndStrings) {
+  const char* text = nullptr;
+  ASSERT_EQ(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &text), CUDA_SUCCESS);
+  EXPECT_STREQ(text, "CUDA_ERROR_OUT_OF_MEMORY");
+  ASSERT_EQ(cuGetErrorName(CUDA_ERROR_NOT_FOUND, &text), CUDA_SUCCESS);
+  EXPECT_STREQ(text, "CUDA_ERROR_NOT_FOUND");
+  text = nullptr;
+  ASSERT_EQ(cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &text), CUDA_SUCCESS);
+  ASSERT_NE(text, nullptr);
+  EXPECT_GT(std::strlen(text), 0u);
+  // An unknown code: CUDA_ERROR_INVALID_VALUE and a NULL string (cuda.h).
+  text = "unchanged";
+  EXPECT_EQ(cuGetErrorName(static_cast<CUresult>(12345), &text), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(text, nullptr);
+}
 
 TEST_F(Driver, AllocCopyFreeRoundtrip) {
   CUdeviceptr p = 0;
@@ -168,6 +259,10 @@ TEST_F(Driver, PitchRules) {
   EXPECT_GE(size, pitch * 33);
   EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
   EXPECT_EQ(cuMemAllocPitch_v2(&p, &pitch, 1000, 33, 3), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemAllocPitch_v2(&p, &pitch, 1000, 33, 2), CUDA_ERROR_INVALID_VALUE);  // 4, 8 or 16 only
+  ASSERT_EQ(cuMemAllocPitch_v2(&p, &pitch, 512, 4, 16), CUDA_SUCCESS);
+  EXPECT_EQ(pitch, 512u);  // already aligned: no padding. verify on GPU
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
 TEST_F(Driver, ManagedMemory) {
@@ -181,6 +276,189 @@ TEST_F(Driver, ManagedMemory) {
   ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
   EXPECT_EQ(reinterpret_cast<unsigned char*>(p)[mib - 1], 7);  // managed memory is host-readable
   EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+TEST_F(Driver, ContextStackAndAllocationWithoutAContext) {
+  CUcontext current = nullptr;
+  ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, ctx_);
+  CUdevice dev = -1;
+  ASSERT_EQ(cuCtxGetDevice(&dev), CUDA_SUCCESS);
+  EXPECT_EQ(dev, dev_);
+  ASSERT_EQ(cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, nullptr);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&p, mib), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cuCtxPopCurrent_v2(&current), CUDA_ERROR_INVALID_CONTEXT);  // the stack is empty
+  ASSERT_EQ(cuCtxPushCurrent_v2(ctx_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&p, mib), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+// A context destroyed while current is popped from the caller's stack (cuda.h).
+TEST_F(Driver, DestroyingTheCurrentContextPopsIt) {
+  CUcontext own = nullptr, current = nullptr;
+  ASSERT_EQ(cuCtxCreate(&own, nullptr, 0, dev_), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, own);
+  ASSERT_EQ(cuCtxDestroy_v2(own), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, ctx_);
+}
+
+// verify on GPU: a reset primary context takes its allocations with it, as a
+// destroyed context does; freeing one afterwards is CUDA_ERROR_INVALID_VALUE.
+TEST_F(Driver, PrimaryContextResetFreesItsAllocations) {
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, 2 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuDevicePrimaryCtxReset_v2(dev_), CUDA_SUCCESS);
+  unsigned flags = 0;
+  int active = 1;
+  ASSERT_EQ(cuDevicePrimaryCtxGetState(dev_, &flags, &active), CUDA_SUCCESS);
+  EXPECT_EQ(active, 0);
+  ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, dev_), CUDA_SUCCESS);  // released by TearDown
+  ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(Driver, MemsetAndMemcpyOfEveryWidth) {
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 64 * 1024), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&b, 64 * 1024), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  std::vector<unsigned char> bytes(64 * 1024);
+  auto read = [&](CUdeviceptr p) { return cuMemcpyDtoH_v2(bytes.data(), p, bytes.size()); };
+
+  ASSERT_EQ(cuMemsetD8_v2(a, 0x5a, 64 * 1024), CUDA_SUCCESS);
+  ASSERT_EQ(read(a), CUDA_SUCCESS);
+  EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x5a), 64 * 1024);
+  ASSERT_EQ(cuMemsetD16_v2(a, 0x1234, 32 * 1024), CUDA_SUCCESS);
+  ASSERT_EQ(read(a), CUDA_SUCCESS);
+  EXPECT_EQ(bytes[0], 0x34);
+  EXPECT_EQ(bytes[64 * 1024 - 1], 0x12);
+  ASSERT_EQ(cuMemsetD32Async(a, 0xdeadbeefu, 16 * 1024, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemsetD8Async(a, 0x11, 3, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyDtoDAsync_v2(b, a, 64 * 1024, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  ASSERT_EQ(read(b), CUDA_SUCCESS);
+  uint32_t first = 0, last = 0;
+  std::memcpy(&first, bytes.data(), 4);
+  std::memcpy(&last, bytes.data() + 64 * 1024 - 4, 4);
+  EXPECT_EQ(first, 0xde111111u);  // stream order: the D8 fill came after the D32 one
+  EXPECT_EQ(last, 0xdeadbeefu);
+
+  // cuMemcpy takes unified addresses: host to device and back.
+  auto in = pattern(1024, 4);
+  std::vector<uint32_t> out(1024);
+  ASSERT_EQ(cuMemcpy(a, reinterpret_cast<CUdeviceptr>(in.data()), 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyDtoD_v2(b + 4096, a, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpy(reinterpret_cast<CUdeviceptr>(out.data()), b + 4096, 4096), CUDA_SUCCESS);
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(cuMemcpyHtoDAsync_v2(a, in.data(), 4096, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyDtoHAsync_v2(out.data(), a, 4096, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(in, out);
+
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
+}
+
+TEST_F(Driver, PinnedHostMemory) {
+  void* host = nullptr;
+  ASSERT_EQ(cuMemAllocHost_v2(&host, mib), CUDA_SUCCESS);
+  unsigned type = 0;
+  ASSERT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(host)),
+            CUDA_SUCCESS);
+  EXPECT_EQ(type, CU_MEMORYTYPE_HOST);
+  std::memset(host, 0x3c, mib);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyHtoD_v2(p, host, mib), CUDA_SUCCESS);
+  unsigned char last = 0;
+  ASSERT_EQ(cuMemcpyDtoH_v2(&last, p + mib - 1, 1), CUDA_SUCCESS);
+  EXPECT_EQ(last, 0x3c);
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeHost(host), CUDA_SUCCESS);
+}
+
+TEST_F(Driver, EventsTimeAndStreamsAreNotCaptured) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  CUevent start = nullptr, end = nullptr, untimed = nullptr;
+  ASSERT_EQ(cuEventCreate(&start, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&end, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  float ms = -1;
+  EXPECT_EQ(cuEventElapsedTime(&ms, start, end), CUDA_ERROR_INVALID_HANDLE);  // never recorded (cuda.h)
+  ASSERT_EQ(cuEventRecord(start, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemsetD8Async(0, 0, 0, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(end, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(untimed, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventSynchronize(end), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(end), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventElapsedTime(&ms, start, end), CUDA_SUCCESS);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cuEventElapsedTime(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);  // timing disabled (cuda.h)
+  ASSERT_EQ(cuStreamWaitEvent(nullptr, end, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamQuery(stream), CUDA_SUCCESS);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  ASSERT_EQ(cuStreamGetCaptureInfo(stream, &capture, nullptr, nullptr, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(capture, CU_STREAM_CAPTURE_STATUS_NONE);
+  for (CUevent e : {start, end, untimed}) EXPECT_EQ(cuEventDestroy_v2(e), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+// verify on GPU: the figures a stream-ordered pool reports. cuda.h: used
+// memory is what the application holds, reserved what the pool holds; freed
+// memory stays reserved until a synchronisation finds more than the release
+// threshold, or cuMemPoolTrimTo releases it.
+TEST_F(Driver, StreamOrderedPoolTellsTheTruth) {
+  CUmemoryPool pool = nullptr, current = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&pool, dev_), CUDA_SUCCESS);
+  ASSERT_EQ(cuDeviceGetMemPool(&current, dev_), CUDA_SUCCESS);
+  EXPECT_EQ(pool, current);
+  auto figure = [&](CUmemPool_attribute a) {
+    cuuint64_t value = ~0ull;
+    EXPECT_EQ(cuMemPoolGetAttribute(pool, a, &value), CUDA_SUCCESS);
+    return value;
+  };
+  cuuint64_t keep = 64 * mib;
+  ASSERT_EQ(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep), CUDA_SUCCESS);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), keep);
+  ASSERT_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+  const cuuint64_t used_before = figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAllocAsync(&p, 16 * mib, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used_before + 16 * mib);
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_USED_MEM_HIGH), used_before + 16 * mib);
+  CUmemoryPool owner = nullptr;
+  ASSERT_EQ(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p), CUDA_SUCCESS);
+  EXPECT_EQ(owner, pool);
+
+  ASSERT_EQ(cuMemFreeAsync(p, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used_before);
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 16 * mib);  // kept: under the threshold
+  ASSERT_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+  if (used_before == 0) {
+    EXPECT_EQ(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0u);  // nothing left to keep
+  }
+
+  // The high-water marks may be reset (to 0 only); the current figures are read-only.
+  cuuint64_t zero = 0;
+  EXPECT_EQ(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_USED_MEM_HIGH), figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+  EXPECT_EQ(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &zero), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
 }
 
 // True if `fn` is the function `symbol` of the library that holds it: the
@@ -228,6 +506,38 @@ TEST_F(Driver, ProcAddressFollowsVersionAndFlags) {
   fn = &fn;
   EXPECT_EQ(cuGetProcAddress_v2("cuNoSuchFunction", &fn, 13000, 0, nullptr), CUDA_SUCCESS);
   EXPECT_EQ(fn, nullptr);
+}
+
+// The pointer handed out is libcuda.so.1's own export of the ABI asked for,
+// through both cuGetProcAddress ABIs.
+TEST_F(Driver, ProcAddressIsTheExportOfTheAbiAskedFor) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+  ASSERT_NE(driver, nullptr);
+  struct Case {
+    const char* name;
+    int version;
+    cuuint64_t flags;
+    const char* symbol;
+  } cases[] = {
+      {"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"},
+      {"cuMemAlloc", 2000, 0, "cuMemAlloc"},
+      {"cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemAllocAsync_ptsz"},
+  };
+  using Legacy = CUresult (*)(const char*, void**, int, cuuint64_t);
+  auto legacy = reinterpret_cast<Legacy>(dlsym(driver, "cuGetProcAddress"));
+  ASSERT_NE(legacy, nullptr);
+  for (const Case& c : cases) {
+    void* expected = dlsym(driver, c.symbol);
+    ASSERT_NE(expected, nullptr) << c.symbol;
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    ASSERT_EQ(cuGetProcAddress_v2(c.name, &fn, c.version, c.flags, &status), CUDA_SUCCESS) << c.name;
+    EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS) << c.name;
+    EXPECT_EQ(fn, expected) << c.name << " at " << c.version << " should be " << c.symbol;
+    fn = nullptr;
+    ASSERT_EQ(legacy(c.name, &fn, c.version, c.flags), CUDA_SUCCESS) << c.name;
+    EXPECT_EQ(fn, expected) << "cuGetProcAddress (11.3 ABI): " << c.name << " at " << c.version;
+  }
 }
 
 TEST_F(Driver, StreamOrderedAllocationThroughThePerThreadEntryPoints) {
@@ -310,6 +620,53 @@ TEST_F(Vmm, TwoMappingsOfOneHandleAlias) {
   EXPECT_EQ(cuMemAddressFree(va, 2 * granularity_), CUDA_SUCCESS);
 }
 
+// What the driver says about mapped memory: each mapping (chunk) is described
+// by itself (DESIGN.md, measured on driver 580 for cuMemGetAddressRange).
+TEST_F(Vmm, MappingsDescribeThemselves) {
+  CUmemGenericAllocationHandle h[2] = {};
+  prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  for (auto& handle : h) ASSERT_EQ(cuMemCreate(&handle, granularity_, &prop_, 0), CUDA_SUCCESS);
+  CUmemAllocationProp seen{};
+  ASSERT_EQ(cuMemGetAllocationPropertiesFromHandle(&seen, h[0]), CUDA_SUCCESS);
+  EXPECT_EQ(seen.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+  EXPECT_EQ(seen.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+  EXPECT_EQ(seen.location.id, dev_);
+  // verify on GPU: a handle created for no export cannot be exported.
+  int fd = -1;
+  EXPECT_EQ(cuMemExportToShareableHandle(&fd, h[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_ERROR_INVALID_VALUE);
+
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, 2 * granularity_, 0, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(va % granularity_, 0u);
+  map(va, h[0], granularity_);
+  map(va + granularity_, h[1], granularity_, CU_MEM_ACCESS_FLAGS_PROT_READ);
+  unsigned long long flags = 0;
+  ASSERT_EQ(cuMemGetAccess(&flags, &prop_.location, va + 100), CUDA_SUCCESS);
+  EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  ASSERT_EQ(cuMemGetAccess(&flags, &prop_.location, va + granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READ);
+
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  ASSERT_EQ(cuMemGetAddressRange_v2(&base, &size, va + granularity_ + 4096), CUDA_SUCCESS);
+  EXPECT_EQ(base, va + granularity_);
+  EXPECT_EQ(size, granularity_);
+  unsigned type = 0;
+  ASSERT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + 8), CUDA_SUCCESS);
+  EXPECT_EQ(type, CU_MEMORYTYPE_DEVICE);
+  int ordinal = -1;
+  ASSERT_EQ(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va + 8), CUDA_SUCCESS);
+  EXPECT_EQ(ordinal, dev_);
+
+  // verify on GPU: only whole mappings unmap.
+  EXPECT_EQ(cuMemUnmap(va, granularity_ / 2), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemUnmap(va, 2 * granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemGetAddressRange_v2(&base, &size, va), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(cuMemAddressFree(va, 2 * granularity_), CUDA_SUCCESS);
+  for (auto handle : h) EXPECT_EQ(cuMemRelease(handle), CUDA_SUCCESS);
+}
+
 // One file descriptor over a unix socket (SCM_RIGHTS), with one byte of data.
 struct FdMessage {
   char byte = 0;
@@ -380,21 +737,12 @@ TEST_F(Vmm, ExportedFdImportsInAnotherProcess) {
   ASSERT_EQ(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
   EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);  // the driver's fds are close-on-exec
 
+  // A new program, not a fork that keeps using the parent's CUDA state; the fd
+  // waits in the socket until the child reads it.
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, sockets[1], 3);
-  std::string self = "/proc/self/exe";
-  char* argv[] = {self.data(), const_cast<char*>("--import-child"), nullptr};
-  pid_t child = 0;
-  ASSERT_EQ(posix_spawn(&child, self.c_str(), &actions, nullptr, argv, environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
   ASSERT_TRUE(FdMessage().send(sockets[0], fd));
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(run_child("--import-child", sockets[1]), 0);
   std::vector<uint32_t> now(size / 4);
   ASSERT_EQ(cuMemcpyDtoH_v2(now.data(), va, size), CUDA_SUCCESS);
   EXPECT_EQ(now, pattern(size / 4, 22));  // the child's write is visible here
@@ -410,12 +758,17 @@ TEST_F(Vmm, ExportedFdImportsInAnotherProcess) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--import-child") == 0) return child_main(3);
+  if (argc == 2 && std::strcmp(argv[1], "--before-init") == 0) return before_init_main();
   testing::InitGoogleTest(&argc, argv);
-  // No device is a skip (meson: 77), never a pass.
+  // No device is a skip (meson: 77), never a pass. (A libcuda.so.1 that cannot
+  // be loaded stops the program before main, with the loader's 127: a failure.)
+  if (!dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW)) {
+    fprintf(stderr, "conformance: libcuda.so.1 is not loaded: %s\n", dlerror());
+    return 77;
+  }
   CUresult init = cuInit(0);
-  int count = 0;
-  if (init == CUDA_ERROR_NO_DEVICE || (init == CUDA_SUCCESS && cuDeviceGetCount(&count) == CUDA_SUCCESS && count == 0)) {
-    fprintf(stderr, "conformance: no CUDA device (cuInit=%d)\n", init);
+  if (init == CUDA_ERROR_NO_DEVICE) {
+    fprintf(stderr, "conformance: no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)\n");
     return 77;
   }
   return RUN_ALL_TESTS();
