@@ -13,7 +13,8 @@ mkdir -p .carry/bench
 
 # pack FILE DEST_DIR: copies FILE, stripped if that saves space.
 pack() {
-  local copy=$2/$(basename "$1")
+  local copy
+  copy=$2/$(basename "$1")
   cp "$1" "$copy"
   if strip --strip-unneeded -o "$copy.stripped" "$copy" 2>/dev/null &&
     [ "$(stat -c %s "$copy.stripped")" -lt "$(stat -c %s "$copy")" ]; then
