@@ -28,6 +28,7 @@ deadline=$((SECONDS + ${GMEM_GPU_BUDGET_S:-450}))
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 summary=$out/summary.md
 failed=0
+logs=() # this run's, as $out may hold older ones
 
 # selected NAME: whether the STEP words on the command line select NAME.
 selected() {
@@ -68,6 +69,7 @@ step() {
   local cmd=("$@")
   [ "$(type -t "$1")" = function ] && cmd=(bash -c '"$@"' "$1" "$@")
   local start=$SECONDS
+  logs+=("$out/$name.log")
   { echo "\$ $*"; timeout -k 10 "$limit" "${cmd[@]}"; } >"$out/$name.log" 2>&1
   local rc=$?
   local verdict=PASS
@@ -195,10 +197,10 @@ step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf 
   echo "BENCH lines:"
   echo
   echo '```'
-  cat "$out"/*.log | grep -h '^BENCH' || true
+  [ ${#logs[@]} -gt 0 ] && grep -h '^BENCH' "${logs[@]}"
   echo '```'
-  for log in "$out"/train-matrix.log "$out"/train-vmm-pool.log; do
-    [ -f "$log" ] || continue
+  for log in "${logs[@]}"; do
+    [[ $log == */train-matrix.log || $log == */train-vmm-pool.log ]] || continue
     echo
     echo "Training, $(basename "$log" .log) (\`tests/gpu/train.py\`, $steps steps; losses compared as float.hex):"
     echo
@@ -206,7 +208,7 @@ step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf 
     echo
     grep '^- `' "$log" | sed "s|$PWD/||g"
   done
-  if [ -f "$out/allreduce-shim.log" ]; then
+  if [[ " ${logs[*]} " == *" $out/allreduce-shim.log "* ]]; then
     echo
     echo "All-reduce under the shim, gmem's reports:"
     echo
