@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317  # functions run through `step`, in a child bash
 # The GPU suite, run on a GPU machine from the repository root, on a build
-# carried in .carry/ (scripts/pack-gpu.sh). Writes logs and summary.md (ready
-# for docs/results.md) to $OUT, or /tmp/gmem-gpu. Runs every step even when one
-# fails; exits non-zero if any failed.
+# carried in .carry/ (scripts/pack-gpu.sh). Writes a log per step and
+# summary.md (ready for docs/results.md) to $OUT, or /tmp/gmem-gpu. Runs every
+# step even when one fails, each under a time limit, all within
+# $GMEM_GPU_BUDGET_S seconds (450); exits non-zero if any step failed.
 #   bash scripts/gpu-test.sh [--quick] [STEP...]
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
+# Benchmarks in .carry/bench/ run with the shim's folder first on
+# LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/gmem-gpu}
 mkdir -p "$out"
 carry=$PWD/.carry
@@ -19,64 +23,91 @@ if [ "${1:-}" = "--quick" ]; then
   shift
 fi
 only=("$@")
+deadline=$((SECONDS + ${GMEM_GPU_BUDGET_S:-450}))
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 summary=$out/summary.md
 failed=0
+logs=() # this run's, as $out may hold older ones
 
-# step NAME COMMAND...: runs COMMAND, logs it to $out/NAME.log, records the
-# outcome (exit 77 is "skipped", never "passed").
-step() {
-  local name=$1
-  shift
-  if [ ${#only[@]} -gt 0 ]; then
-    local word wanted=""
-    for word in "${only[@]}"; do [[ $name == "$word"* ]] && wanted=1; done
-    [ -n "$wanted" ] || return 0
-  fi
-  local start=$SECONDS
-  { echo "\$ $*"; "$@"; } >"$out/$name.log" 2>&1
-  local rc=$?
-  local verdict=PASS
-  if [ $rc -eq 77 ]; then verdict=SKIPPED; elif [ $rc -ne 0 ]; then verdict="FAIL (exit $rc)"; failed=$((failed + 1)); fi
-  printf '| %s | `%s` | %s | %ss |\n' "$name" "$*" "$verdict" $((SECONDS - start)) >>"$summary"
-  echo "$name: $verdict"
+# selected NAME: whether the STEP words on the command line select NAME.
+selected() {
+  [ ${#only[@]} -eq 0 ] && return 0
+  local word
+  for word in "${only[@]}"; do [[ $1 == "$word"* ]] && return 0; done
+  return 1
 }
 
-real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
-gpus=$(nvidia-smi -L | wc -l)
-{
-  echo "## GPU suite, $(date -u +%Y-%m-%d)"
-  echo
-  echo "- GPUs: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c | sed 's/^ *//')"
-  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); real libcuda: $real"
-  echo "- torch: $(python3 -c 'import torch; print(torch.__version__)')"
-  echo "- command: \`bash scripts/gpu-test.sh $args\`"
-  echo
-  echo "| step | command | result | time |"
-  echo "| --- | --- | --- | --- |"
-} >"$summary"
+# record NAME COMMAND VERDICT [SECONDS]: one row of the summary's table.
+record() {
+  # shellcheck disable=SC2016  # the backquotes are markdown
+  printf '| %s | `%s` | %s | %s |\n' "$1" "${2//$PWD\//}" "$3" "${4:+${4}s}" >>"$summary"
+  echo "$1: $3"
+}
 
-preload=(env LD_PRELOAD="$shim")
-step conformance-real "$carry/conformance"
-step conformance-shim "${preload[@]}" "$carry/conformance"
-step conformance-shim-disabled "${preload[@]}" GMEM_CONF=disable:1 "$carry/conformance"
-step conformance-shim-vmm-pool "${preload[@]}" GMEM_CONF=pool:vmm "$carry/conformance"
-# The suite provokes API errors on purpose; memory errors are what count here.
-sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
-step sanitizer-real "${sanitizer[@]}" "$carry/conformance"
-step sanitizer-shim "${sanitizer[@]}" "${preload[@]}" "$carry/conformance"
+# step NAME LIMIT_S COMMAND...: runs COMMAND (a program or a function of this
+# script) under a time limit, logs it to $out/NAME.log and records the outcome.
+# Exit 77 is "skipped", never "passed"; so is a .carry/ file that was not packed.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  selected "$name" || return 0
+  local arg
+  for arg in "$@"; do
+    if [[ $arg == "$carry"/* && ! -e $arg ]]; then
+      record "$name" "$*" "SKIPPED (no ${arg#"$PWD"/})"
+      return 0
+    fi
+  done
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 10 ]; then
+    record "$name" "$*" "FAIL (not run: the time budget is spent)"
+    failed=$((failed + 1))
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local cmd=("$@")
+  [ "$(type -t "$1")" = function ] && cmd=(bash -c '"$@"' "$1" "$@")
+  local start=$SECONDS
+  logs+=("$out/$name.log")
+  { echo "\$ $*"; timeout -k 10 "$limit" "${cmd[@]}"; } >"$out/$name.log" 2>&1
+  local rc=$?
+  local verdict=PASS
+  if [ $rc -eq 77 ]; then
+    verdict=SKIPPED
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    verdict="FAIL (timed out after ${limit}s)"
+  elif [ $rc -ne 0 ]; then
+    verdict="FAIL (exit $rc)"
+  fi
+  [[ $verdict == FAIL* ]] && failed=$((failed + 1))
+  record "$name" "$*" "$verdict" $((SECONDS - start))
+}
+
+# What the machine is; fails only where there is no GPU for torch.
+environment() {
+  nvidia-smi -L || return 1
+  echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+  echo "GPUs (nvidia-smi): $(nvidia-smi -L | grep -c '^GPU')"
+  python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda,
+    "GPUs", torch.cuda.device_count()); assert torch.cuda.is_available()' || return 1
+  echo "real libcuda: ${real:-NOT FOUND}"
+  nvcc --version 2>&1 | tail -1
+  compute-sanitizer --version 2>&1 | head -1
+  ls -lR "$carry" 2>&1
+  return 0
+}
 
 # The same job, the same checksum, under every way of loading gmem; gmem's
 # report equals the job's own count of what it allocated.
 job_matches() {
-  local reference
-  reference=$("$carry/driver-job") || return 1
+  local linked=$1 dlopened=$2 reference
+  reference=$("$linked") || return 1
   echo "$reference"
   for mode in "LD_PRELOAD=$shim" "LD_LIBRARY_PATH=$carry:${LD_LIBRARY_PATH:-}"; do
-    for job in driver-job driver-job-dlopen; do
+    for job in "$linked" "$dlopened"; do
       local got
-      got=$(env "$mode" GMEM_CONF=report:1 "$carry/$job" 2>"$out/job.err") || return 1
+      got=$(env "$mode" GMEM_CONF=report:1 "$job" 2>"$out/job.err") || return 1
       cat "$out/job.err"
       [ "$got" = "$reference" ] || { echo "$job with $mode: output differs"; return 1; }
       grep '^expect' <<<"$got" | while read -r _ kind allocs bytes; do
@@ -86,36 +117,105 @@ job_matches() {
     done
   done
 }
-step driver-job job_matches
-step lazy "${preload[@]}" "$carry/lazy-probe"
-step exec-child-lazy "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
-step stress "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
-step stress-vmm-pool "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
-step stitch-vmm-pool "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
 
-step train-matrix python3 tests/gpu/run_train_matrix.py --shim "$shim" --out "$out/train" --steps "$steps" --bench
-step train-vmm-pool python3 tests/gpu/run_train_matrix.py --shim "$shim" --out "$out/train-vmm" --steps "$steps" \
-  --conf pool:vmm --allocators default --bench
+# The all-reduce under the shim; each rank's gmem report proves the shim was
+# loaded there and saw the allocations (torch's and NCCL's own).
+allreduce_under_shim() {
+  local log rc
+  log=$(LD_PRELOAD="$shim" GMEM_CONF=report:1 python3 tests/gpu/allreduce.py 2>&1)
+  rc=$?
+  echo "$log"
+  [ "$rc" -eq 0 ] || return "$rc"
+  local ranks
+  ranks=$(grep -Ec 'gmem: report total +allocs=[1-9]' <<<"$log")
+  [ "$ranks" -ge 2 ] || { echo "gmem reports with allocations: $ranks, expected one per rank (2)"; return 1; }
+}
+real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
+real=${GMEM_REAL_LIBCUDA:-$real}
+export -f environment job_matches allreduce_under_shim
+export carry shim out real
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+{
+  echo "## GPU suite, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "- GPUs ($gpus): $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c | sed 's/^ *//')"
+  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); real libcuda: $real"
+  echo "- torch: $(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)"
+  echo "- command: \`bash scripts/gpu-test.sh $args\` (from the repository root; \`.carry/\` from \`scripts/pack-gpu.sh\`)"
+  echo
+  echo "| step | command | result | time |"
+  echo "| --- | --- | --- | --- |"
+} >"$summary"
+
+[ -f "$shim" ] || { record pack "bash scripts/pack-gpu.sh BUILD_DIR" "FAIL (no .carry/libcuda.so.1: pack a build first)"; failed=1; }
+step environment 60 environment
+
+preload=(env LD_PRELOAD="$shim")
+conformance=$carry/conformance
+step conformance-real 120 "$conformance"
+step conformance-shim 120 "${preload[@]}" "$conformance"
+step conformance-shim-disabled 120 "${preload[@]}" GMEM_CONF=disable:1 "$conformance"
+step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm "$conformance"
+# The suite provokes API errors on purpose; memory errors are what count here.
+sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
+step sanitizer-real 180 "${sanitizer[@]}" "$conformance"
+step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" "$conformance"
+
+step driver-job 60 job_matches "$carry/driver-job" "$carry/driver-job-dlopen"
+step lazy 30 "${preload[@]}" "$carry/lazy-probe"
+step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
+step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
+step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
+step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
+
+train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
+step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix
+step train-bench 200 "${train[@]}" --out "$out/train-bench" --mode bench
+
 if [ "$gpus" -ge 2 ]; then
-  step allreduce-native python3 tests/gpu/allreduce.py
-  step allreduce-shim "${preload[@]}" GMEM_CONF=report:1 python3 tests/gpu/allreduce.py
-elif [ ${#only[@]} -eq 0 ]; then
-  printf '| allreduce | `python3 tests/gpu/allreduce.py` | SKIPPED (needs 2 GPUs, found %s) | |\n' "$gpus" >>"$summary"
+  step allreduce-native 150 python3 tests/gpu/allreduce.py
+  step allreduce-shim 150 allreduce_under_shim
+elif selected allreduce; then
+  record allreduce "python3 tests/gpu/allreduce.py" "SKIPPED (needs 2 GPUs, found $gpus)"
 fi
-step bench-shim "${preload[@]}" "$carry/bench-shim"
-step bench-load "$carry/bench-load" "$shim" "$real"
+
+benches=("$carry"/bench/*)
+[ -e "${benches[0]}" ] || { selected bench && record bench "ls .carry/bench/" "SKIPPED (no benchmarks packed)"; }
+for b in "${benches[@]}"; do
+  name=$(basename "$b")
+  [[ $name == bench* ]] || name=bench-$name
+  [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$b" "$shim" "$real"
+done
+
+# Last, as the time budget cuts from the end: training with the experimental VMM pool.
+step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators default
 
 {
+  echo
+  echo "$failed step(s) failed; $SECONDS s in all."
   echo
   echo "BENCH lines:"
   echo
   echo '```'
-  cat "$out"/*.log | grep -h '^BENCH' || true
+  [ ${#logs[@]} -gt 0 ] && grep -h '^BENCH' "${logs[@]}"
   echo '```'
-  echo
-  echo "Training matrix:"
-  echo
-  grep -h '^|' "$out/train-matrix.log" "$out/train-vmm-pool.log" 2>/dev/null || true
+  for log in "${logs[@]}"; do
+    [[ $log == */train-matrix.log || $log == */train-vmm-pool.log ]] || continue
+    echo
+    echo "Training, $(basename "$log" .log) (\`tests/gpu/train.py\`, $steps steps; losses compared as float.hex):"
+    echo
+    grep '^|' "$log"
+    echo
+    grep '^- `' "$log" | sed "s|$PWD/||g"
+  done
+  if [[ " ${logs[*]} " == *" $out/allreduce-shim.log "* ]]; then
+    echo
+    echo "All-reduce under the shim, gmem's reports:"
+    echo
+    echo '```'
+    grep -h 'gmem: report' "$out/allreduce-shim.log"
+    echo '```'
+  fi
 } >>"$summary"
 cat "$summary"
 exit $((failed > 0))
