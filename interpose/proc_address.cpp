@@ -16,7 +16,6 @@ void* route_proc_address(const char* symbol, int version, unsigned long long fla
   return real;
 }
 
-
 // Without a real driver, requests are answered from the shim's own exports, so
 // that a program reaches cuInit and learns there is no device.
 CUresult resolve_without_driver(const char* symbol, void** pfn, int version, unsigned long long flags,
@@ -26,22 +25,31 @@ CUresult resolve_without_driver(const char* symbol, void** pfn, int version, uns
   return proc_answer(found, found.index >= 0 ? gmem_export_table[found.index] : nullptr, pfn, status);
 }
 
+// Both ABIs: the real driver's answer through `real_call`, routed; or, with no
+// driver, the shim's own.
+template <typename RealCall>
+CUresult get_proc_address(const char* symbol, void** pfn, int version, unsigned long long flags,
+                          CUdriverProcAddressQueryResult* status, RealCall&& real_call) {
+  if (!runtime().real.handle) return resolve_without_driver(symbol, pfn, version, flags, status);
+  CUresult result = real_call();
+  if (result == CUDA_SUCCESS && pfn) *pfn = route_proc_address(symbol, version, flags, *pfn);
+  return result;
+}
+
 }  // namespace gmem
 
 GMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult* symbolStatus) {
-  if (!gmem::runtime().real.handle) return gmem::resolve_without_driver(symbol, pfn, cudaVersion, flags, symbolStatus);
-  CUresult status = GMEM_REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
-  if (status == CUDA_SUCCESS && pfn) *pfn = gmem::route_proc_address(symbol, cudaVersion, flags, *pfn);
-  return status;
+  return gmem::get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus, [&] {
+    return GMEM_REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
+  });
 }
 
 // cuda.h names the newest ABI cuGetProcAddress; this is the CUDA 11.3 one.
 #undef cuGetProcAddress
 GMEM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
-  if (!gmem::runtime().real.handle) return gmem::resolve_without_driver(symbol, pfn, cudaVersion, flags, nullptr);
-  auto real = reinterpret_cast<PFN_cuGetProcAddress_v11030>(gmem_real_table[gmem::fn_cuGetProcAddress]);
-  CUresult status = real(symbol, pfn, cudaVersion, flags);
-  if (status == CUDA_SUCCESS && pfn) *pfn = gmem::route_proc_address(symbol, cudaVersion, flags, *pfn);
-  return status;
+  return gmem::get_proc_address(symbol, pfn, cudaVersion, flags, nullptr, [&] {
+    auto real = reinterpret_cast<PFN_cuGetProcAddress_v11030>(gmem_real_table[gmem::fn_cuGetProcAddress]);
+    return real(symbol, pfn, cudaVersion, flags);
+  });
 }

@@ -44,11 +44,12 @@ CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
     if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
     return status;
   }
-  // The driver's own checks come first: initialised, a current context.
-  CUcontext current = nullptr;
-  if (CUresult status = driver_.cuCtxGetCurrent(&current)) return status;
-  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
   Allocation a = describe(0, size, Kind::device, nullptr);
+  if (!a.context) {
+    // No current context: answer as the driver does (not initialised, or none).
+    CUresult status = driver_.cuCtxGetCurrent(&a.context);
+    return status != CUDA_SUCCESS ? status : CUDA_ERROR_INVALID_CONTEXT;
+  }
   CUresult status = vmm_->alloc(dptr, size, a.device, a.context);
   if (status == CUDA_SUCCESS) {
     a.key = *dptr;
