@@ -8,11 +8,7 @@
 namespace emu {
 
 std::map<CUdeviceptr, Allocation>::iterator find_allocation(CUdeviceptr ptr) {
-  auto& all = state().allocations;
-  auto it = all.upper_bound(ptr);
-  if (it == all.begin()) return all.end();
-  --it;
-  return ptr < it->first + it->second.size ? it : all.end();
+  return find_containing(state().allocations, ptr);
 }
 
 bool charge(int device, std::size_t bytes) {

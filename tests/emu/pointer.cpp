@@ -8,11 +8,7 @@
 namespace emu {
 
 std::map<CUdeviceptr, Mapping>::iterator find_mapping(CUdeviceptr ptr) {
-  auto& all = state().mappings;
-  auto it = all.upper_bound(ptr);
-  if (it == all.begin()) return all.end();
-  --it;
-  return ptr < it->first + it->second.size ? it : all.end();
+  return find_containing(state().mappings, ptr);
 }
 
 bool accessible(CUdeviceptr ptr, std::size_t bytes, bool write) {
