@@ -119,7 +119,6 @@ CUresult init_check(const char* caller = __builtin_FUNCTION());
 CUresult device_check(CUdevice device, const char* caller = __builtin_FUNCTION());
 CUresult context_check(const char* caller = __builtin_FUNCTION());
 
-
 // The entry of `ranges` (start address -> something with a size) that holds
 // `ptr`, or end().
 template <typename Map>
@@ -129,6 +128,7 @@ typename Map::iterator find_containing(Map& ranges, CUdeviceptr ptr) {
   --it;
   return ptr < it->first + it->second.size ? it : ranges.end();
 }
+
 // The allocation containing `ptr` (interior pointers too), or end().
 std::map<CUdeviceptr, Allocation>::iterator find_allocation(CUdeviceptr ptr);
 // The VMM mapping containing `ptr`, or end().
