@@ -34,6 +34,13 @@ bool parse_value(std::string_view text, config_type::source& out, std::string& e
   return false;
 }
 
+bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {
+  expected = "an absolute path";
+  if (text.empty() || text.front() != '/') return false;
+  out = text;
+  return true;
+}
+
 // Reads one key:value pair into `config`; returns an error message or "".
 std::string apply(Config& config, std::string_view key, std::string_view value) {
   std::string expected;

@@ -13,6 +13,7 @@ namespace config_type {
 using flag = bool;
 using level = spdlog::level::level_enum;
 enum class source { driver, vmm };
+using path = std::string;
 }  // namespace config_type
 
 struct Config {

@@ -3,7 +3,7 @@
 #pragma once
 
 // X(name, type, default, doc). Types: flag (0/1), level (a log level),
-// source (driver or vmm).
+// source (driver or vmm), path (an absolute directory).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -13,6 +13,11 @@
   X(pool, source, "driver",                                                          \
     "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
     "pool of cached, stitched VMM chunks; experimental)")                           \
+  X(stats, flag, "1",                                                                \
+    "1: publish live figures (include/gmem/stats.h) for gmemd and gmemctl in a "      \
+    "file in stats_dir, removed at exit")                                             \
+  X(stats_dir, path, "/dev/shm",                                                     \
+    "the directory of the stats files (gmemd --stats-dir must name the same)")       \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")

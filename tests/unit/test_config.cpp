@@ -33,17 +33,19 @@ TEST(Config, ReadsEveryKey) {
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {
   ConfigResult r = parse_config("report:1,repot:1");
-  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, log_level)");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, stats, stats_dir, log_level)");
 }
 
 TEST(Config, BadValueSaysWhatIsExpected) {
   EXPECT_EQ(parse_config("report:yes").error, "bad value 'yes' for key 'report' (expected 0 or 1)");
   EXPECT_NE(parse_config("log_level:loud").error.find("expected one of trace, debug"), std::string::npos);
   EXPECT_NE(parse_config("disable:").error, "");
+  EXPECT_EQ(parse_config("stats_dir:run/gmem").error,
+            "bad value 'run/gmem' for key 'stats_dir' (expected an absolute path)");
 }
 
 TEST(Config, ItemWithoutColonIsAnError) {
-  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, log_level)");
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, stats, stats_dir, log_level)");
 }
 
 TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {
