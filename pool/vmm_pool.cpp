@@ -32,6 +32,7 @@ void VmmPool::publish_free_figures(int device) {
 VmmPool::Device& VmmPool::device_state(int device) {
   Device& d = devices_[device];
   if (!d.granularity && vmm::granularity(driver_, device, &d.granularity) != CUDA_SUCCESS) d.granularity = slab_size;
+  if (!d.total && driver_.cuDeviceTotalMem_v2(&d.total, device) != CUDA_SUCCESS) d.total = SIZE_MAX / 2;
   return d;
 }
 
@@ -171,10 +172,16 @@ CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>
   if (status != CUDA_ERROR_OUT_OF_MEMORY) return status;
 
   // Take cached ranges apart, largest first, and stitch their chunks, with new
-  // memory for what they do not cover.
+  // memory for what they do not cover; unless even that cannot succeed, so a
+  // hopeless request leaves the cache as it was.
+  Device& d = devices_[device];
+  std::size_t free_bytes = 0, total = 0, stitchable = 0;
+  for (const auto& [bytes, r] : d.cached) stitchable += r->pending.event || r->pending.never ? 0 : bytes;
+  if (driver_.cuMemGetInfo_v2(&free_bytes, &total) != CUDA_SUCCESS || free_bytes + stitchable < size) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   std::vector<vmm::Chunk> stitched;
   std::size_t covered = 0;
-  Device& d = devices_[device];
   for (auto it = d.cached.end(); covered < size && it != d.cached.begin();) {
     Range* r = (--it)->second;
     if (r->pending.event || r->pending.never) continue;  // its free has not completed
@@ -213,6 +220,8 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   std::lock_guard lock(mutex_);
   quiet_ = quiet;
   Device& d = device_state(device);
+  // More than the device holds (this also keeps the rounding below from wrapping).
+  if (size > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
   Range* range = nullptr;
   std::size_t index = 0;
   CUresult status;

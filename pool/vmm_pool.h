@@ -104,6 +104,7 @@ class VmmPool {
     std::multimap<std::size_t, Range*> cached;                // free whole ranges, by size
     std::map<std::size_t, std::vector<FreeBlock>> free_blocks;  // by class size
     std::size_t granularity = 0;
+    std::size_t total = 0;  // the device's memory
     std::size_t cached_bytes = 0;
     Figures figures;
   };

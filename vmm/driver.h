@@ -43,7 +43,7 @@ namespace gmem::vmm {
   X(cuStreamIsCapturing, cuStreamIsCapturing)                   \
   X(cuStreamIsCapturing_ptsz, cuStreamIsCapturing)              \
   X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)       \
-  X(cuDeviceGetCount, cuDeviceGetCount)                         \
+  X(cuDeviceTotalMem_v2, cuDeviceTotalMem_v2)                   \
   X(cuMemPoolGetAttribute, cuMemPoolGetAttribute)               \
   X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
   X(cuMemPoolTrimTo, cuMemPoolTrimTo)

@@ -10,6 +10,12 @@ bool valid_stream(CUstream stream) {
          state().streams.count(reinterpret_cast<Stream*>(stream));
 }
 
+void complete_events(CUstream stream) {
+  for (Event* e : state().events) {
+    if (stream == all_streams || e->stream == (stream ? stream : CU_STREAM_LEGACY)) e->stream = nullptr;
+  }
+}
+
 namespace {
 
 Event* find_event(CUevent event) {
@@ -54,6 +60,7 @@ EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
 EMU_API CUresult cuStreamSynchronize(CUstream stream) {
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
+  complete_events(stream);
   trim_pools();
   return CUDA_SUCCESS;
 }
@@ -134,6 +141,7 @@ EMU_API CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   e->recorded = true;
   e->when = std::chrono::steady_clock::now();
+  e->stream = state().hold_events ? (stream ? stream : CU_STREAM_LEGACY) : nullptr;
   return CUDA_SUCCESS;
 }
 
@@ -143,13 +151,17 @@ EMU_API CUresult cuEventRecord(CUevent event, CUstream stream) { return cuEventR
 EMU_API CUresult cuEventQuery(CUevent event) {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
-  return find_event(event) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  Event* e = find_event(event);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  return e->stream ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuEventSynchronize(CUevent event) {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
-  if (!find_event(event)) return CUDA_ERROR_INVALID_HANDLE;
+  Event* e = find_event(event);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  e->stream = nullptr;
   trim_pools();
   return CUDA_SUCCESS;
 }
