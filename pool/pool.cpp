@@ -245,6 +245,9 @@ CUresult Pool::release(CUmemGenericAllocationHandle handle) {
 }
 
 CUresult Pool::retain_handle(CUmemGenericAllocationHandle* handle, void* address) {
+  // Pool memory is cuMemAlloc memory to the program, which has no handle: the
+  // pool's chunks are not the program's to export or unmap.
+  if (vmm_ && vmm_->find(reinterpret_cast<CUdeviceptr>(address))) return CUDA_ERROR_INVALID_VALUE;
   CUresult status = driver_.cuMemRetainAllocationHandle(handle, address);
   if (status == CUDA_SUCCESS) handles_.retain(*handle);
   return status;

@@ -1,6 +1,7 @@
 // Streams and events of the emulator. Work runs when it is enqueued, so every
 // stream is idle, stream order holds trivially, and an event completes when it
-// is recorded. Handles are checked, as the driver checks them.
+// is recorded, unless GMEM_EMU_HOLD_EVENTS=1 holds it until a synchronization.
+// Handles are checked, as the driver checks them.
 #include "emu.h"
 
 namespace emu {
