@@ -2,8 +2,9 @@
 // call, and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
 // cuMemAllocAsync/cuMemFreeAsync). Run it with libcuda.so.1 resolving to the
 // shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to the real
-// driver the shim loaded. Prints BENCH lines, names prefixed by argv[1] (e.g.
-// pool_hit_ when run with GMEM_CONF=pool:vmm, where every pair is a pool hit).
+// driver the shim loaded. Prints BENCH lines, names prefixed by
+// $GMEM_BENCH_PREFIX (e.g. pool_hit_ when run with GMEM_CONF=pool:vmm, where
+// every pair is a pool hit).
 #include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -74,8 +76,8 @@ void compare(const std::string& bare_name, long calls, Shim&& shim, Native&& nat
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc > 1) prefix = argv[1];
+int main() {
+  if (const char* p = getenv("GMEM_BENCH_PREFIX")) prefix = p;
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
