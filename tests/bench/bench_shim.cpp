@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -55,12 +54,8 @@ int main() {
     fprintf(stderr, "bench_shim: no CUDA device\n");
     return 77;
   }
-  std::string real_path = gmem::bench::real_driver_path();
-  void* real = real_path.empty() ? nullptr : dlopen(real_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (!real) {
-    fprintf(stderr, "bench_shim: run me under the gmem shim (no second libcuda found)\n");
-    return 1;
-  }
+  void* real = gmem::bench::open_real_driver("bench_shim");
+  if (!real) return 1;
   auto real_get_current = reinterpret_cast<decltype(&cuCtxGetCurrent)>(dlsym(real, "cuCtxGetCurrent"));
   auto real_alloc = reinterpret_cast<decltype(&cuMemAlloc_v2)>(dlsym(real, "cuMemAlloc_v2"));
   auto real_free = reinterpret_cast<decltype(&cuMemFree_v2)>(dlsym(real, "cuMemFree_v2"));

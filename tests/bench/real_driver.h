@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -30,6 +31,15 @@ inline std::string real_driver_path() {
       },
       &search);
   return found;
+}
+
+// The real driver behind the shim, opened; nullptr, after saying so on stderr,
+// if this process has no shim in front of a driver.
+inline void* open_real_driver(const char* program) {
+  std::string path = real_driver_path();
+  void* real = path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (!real) fprintf(stderr, "%s: run me under the gmem shim (LD_PRELOAD); found no real driver behind it\n", program);
+  return real;
 }
 
 }  // namespace gmem::bench

@@ -288,13 +288,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "replay-trace: no CUDA device\n");
     return 77;
   }
-  std::string real_path = gmem::bench::real_driver_path();
-  void* real = real_path.empty() ? nullptr : dlopen(real_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  void* real = gmem::bench::open_real_driver("replay-trace");
   std::optional<Api> native = real ? real_api(real) : std::nullopt;
-  if (!native) {
-    fprintf(stderr, "replay-trace: run me under the gmem shim (LD_PRELOAD); found no real driver behind it\n");
-    return 1;
-  }
+  if (!native) return 1;
   std::optional<NativePool> native_pool;
   if (!o->sync && !(native_pool = NativePool::open(real, dev))) {
     fprintf(stderr, "replay-trace: the real driver's default memory pool cannot be queried\n");

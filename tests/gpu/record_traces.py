@@ -10,12 +10,12 @@ import argparse
 import datetime
 import os
 import random
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "traces"))
 import gmem_trace  # noqa: E402
+from child import run_child  # noqa: E402
 
 JOBS = ("lm", "gnn")
 MAX_BYTES = 2 << 20  # a trace stays small enough to keep in the repository
@@ -191,13 +191,7 @@ def main():
         if args.steps:
             cmd += ["--steps", str(args.steps)]
         print("$ " + " ".join(cmd), flush=True)
-        try:
-            rc = subprocess.run(cmd, env=env, timeout=JOB_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            rc = f"timed out after {JOB_TIMEOUT_S} s"
-        if rc != 0:
-            print(f"record_traces: job {job} failed ({rc})", file=sys.stderr)
-            failed += 1
+        failed += not run_child(cmd, JOB_TIMEOUT_S, f"record_traces: job {job}", env)
     return 1 if failed else 0
 
 

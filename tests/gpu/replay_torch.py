@@ -9,13 +9,13 @@ import argparse
 import ctypes
 import os
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "traces"))
 import gmem_stats  # noqa: E402
 import gmem_trace  # noqa: E402
+from child import run_child  # noqa: E402
 
 TRACE_TIMEOUT_S = 300
 CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6  # cuda.h, CUmemPool_attribute
@@ -66,8 +66,9 @@ def replay_one(path):
     try:
         for e in events:
             if e[0] == "a":
-                stream = streams.get(e[3]) or streams.setdefault(e[3], torch.cuda.Stream(device))
-                live[e[1]] = torch.cuda.caching_allocator_alloc(e[2], device, stream)
+                if e[3] not in streams:
+                    streams[e[3]] = torch.cuda.Stream(device)
+                live[e[1]] = torch.cuda.caching_allocator_alloc(e[2], device, streams[e[3]])
             else:
                 torch.cuda.caching_allocator_delete(live.pop(e[1]))
     except torch.OutOfMemoryError as oom:
@@ -94,6 +95,9 @@ def replay_one(path):
               "the replay did not do what the trace says", file=sys.stderr)
         failed = True
     if under_gmem():
+        # Torch's figures above are then gmem's answers (cuMemPoolGetAttribute
+        # under cudaMallocAsync) or torch's view of gmem's memory: gmem's own
+        # figure is the one published, as ..._gmem_<allocator>.
         try:
             gmem = gmem_stats.read_own(device)
         except gmem_stats.StatsError as e:
@@ -101,12 +105,13 @@ def replay_one(path):
             return 1
         print(f"replay_torch: gmem's peak in use {gmem['peak_in_use_bytes'] / 2**20:.1f} MiB, "
               f"peak reserved {gmem['peak_reserved_bytes'] / 2**20:.1f} MiB, stitches {gmem['stitches']}")
-        figures[f"gmem_{label}"] = gmem["peak_reserved_bytes"]
+        figures = {f"gmem_{label}": gmem["peak_reserved_bytes"]}
         if gmem["peak_reserved_bytes"] < peak:
             print(f"replay_torch: gmem's peak reserved ({gmem['peak_reserved_bytes']}) is below the trace's peak "
                   f"requested ({peak}): gmem's figures are wrong", file=sys.stderr)
             failed = True
-    print(f"BENCH {name}_peak_requested {peak / 2**20:.1f} MiB")
+    else:
+        print(f"BENCH {name}_peak_requested {peak / 2**20:.1f} MiB")
     for who, value in figures.items():
         print(f"BENCH {name}_peak_ratio_{who} {value / peak:.4f} ratio")
     for ptr in live.values():
@@ -125,16 +130,12 @@ def main():
     for path in args.traces:
         try:
             gmem_trace.read(path)  # a broken trace is reported here, before a GPU process starts
-            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", path],
-                                timeout=TRACE_TIMEOUT_S).returncode
         except gmem_trace.TraceError as e:
-            rc = str(e)
-        except subprocess.TimeoutExpired:
-            rc = f"timed out after {TRACE_TIMEOUT_S} s"
-        sys.stdout.flush()
-        if rc != 0:
-            print(f"replay_torch: {path}: FAIL ({rc})", file=sys.stderr)
+            print(f"replay_torch: FAIL ({e})", file=sys.stderr)
             failed += 1
+            continue
+        failed += not run_child([sys.executable, os.path.abspath(__file__), "--one", path], TRACE_TIMEOUT_S,
+                                f"replay_torch: {path}")
     return 1 if failed else 0
 
 
