@@ -71,11 +71,13 @@ std::string error_name(CUresult r) {
   return cuGetErrorName(r, &name) == CUDA_SUCCESS && name ? name : "error " + std::to_string(r);
 }
 
-// Allocations up to check_whole_max are checked whole at their free. Larger ones
-// are checked in a window every check_stride bytes: that meets every physical
-// chunk (2 MiB or more) of a mapped or stitched range, and keeps the check of a
-// GiB-sized tensor to milliseconds on a GPU.
-constexpr std::uint64_t check_whole_max = 64 << 20, check_stride = 1 << 20, check_window = 4096;
+// Allocations up to check_whole_max (the pool's small classes and more) are
+// checked whole at their free. Larger ones are checked in a window every
+// check_stride bytes: that meets every physical chunk (2 MiB or more) of a
+// mapped or stitched range, and keeps the check of a trace that allocates
+// tens of GB to a second on a GPU; a small block misplaced between two windows
+// of a large one goes unseen.
+constexpr std::uint64_t check_whole_max = 4 << 20, check_stride = 1 << 20, check_window = 4096;
 
 class Checker {
  public:

@@ -139,7 +139,7 @@ def record(args):
     try:  # no stack traces: the trace needs sizes and order only, and recording them costs time
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                  max_entries=args.max_entries)
-    except TypeError:  # an older signature
+    except (TypeError, RuntimeError, ValueError):  # a signature or values this torch does not take
         torch.cuda.memory._record_memory_history(max_entries=args.max_entries)
     said = (lm_job if args.job == "lm" else gnn_job)(torch, args, rng)
     torch.cuda.synchronize()

@@ -71,7 +71,7 @@ def replay_one(path):
                 live[e[1]] = torch.cuda.caching_allocator_alloc(e[2], device, streams[e[3]])
             else:
                 torch.cuda.caching_allocator_delete(live.pop(e[1]))
-    except torch.OutOfMemoryError as oom:
+    except torch.cuda.OutOfMemoryError as oom:
         print(f"replay_torch: {path} under {label}: out of memory: {oom}", file=sys.stderr)
         return 1
     torch.cuda.synchronize()

@@ -236,11 +236,11 @@ def fake_torch(backend="native", short_by=0):
 
     cuda = types.SimpleNamespace(
         set_device=lambda d: None, synchronize=lambda: None, default_stream=lambda d: object(), Stream=new_stream,
-        caching_allocator_alloc=alloc, caching_allocator_delete=delete,
+        caching_allocator_alloc=alloc, caching_allocator_delete=delete, OutOfMemoryError=MemoryError,
         max_memory_allocated=lambda d: state["peak"] - short_by,
         max_memory_reserved=lambda d: (state["next"] - 0x10000 + (2 << 20) - 1) // (2 << 20) * (2 << 20),
         memory=types.SimpleNamespace(get_allocator_backend=lambda: backend))
-    return types.SimpleNamespace(cuda=cuda, OutOfMemoryError=MemoryError), state
+    return types.SimpleNamespace(cuda=cuda), state
 
 
 class ReplayTorch(unittest.TestCase):
