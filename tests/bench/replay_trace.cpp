@@ -36,6 +36,7 @@ constexpr const char* usage =
 // The driver functions a replay calls: this program's own imports (the shim)
 // or the real driver's, looked up in it.
 struct Api {
+  const char* through = "";  // for messages
   decltype(&cuMemAlloc_v2) alloc = nullptr;
   decltype(&cuMemFree_v2) free = nullptr;
   decltype(&cuMemAllocAsync) alloc_async = nullptr;
@@ -46,7 +47,7 @@ struct Api {
 };
 
 Api shim_api() {
-  return {&cuMemAlloc_v2, &cuMemFree_v2, &cuMemAllocAsync, &cuMemFreeAsync, &cuMemsetD32_v2, &cuMemcpyDtoH_v2,
+  return {"through gmem", &cuMemAlloc_v2, &cuMemFree_v2, &cuMemAllocAsync, &cuMemFreeAsync, &cuMemsetD32_v2, &cuMemcpyDtoH_v2,
           &cuCtxSynchronize};
 }
 
@@ -59,6 +60,7 @@ bool resolve(void* lib, const char* name, F* out) {
 
 std::optional<Api> real_api(void* lib) {
   Api a;
+  a.through = "straight to the driver";
   bool ok = resolve(lib, "cuMemAlloc_v2", &a.alloc) & resolve(lib, "cuMemFree_v2", &a.free) &
             resolve(lib, "cuMemAllocAsync", &a.alloc_async) & resolve(lib, "cuMemFreeAsync", &a.free_async) &
             resolve(lib, "cuMemsetD32_v2", &a.fill) & resolve(lib, "cuMemcpyDtoH_v2", &a.copy_out) &
@@ -143,8 +145,8 @@ std::optional<double> replay(const Api& api, const Trace& t, const Options& o, c
   using clock = std::chrono::steady_clock;
   auto fail = [&](std::size_t i, const std::string& what) {
     const auto& e = t.events[i];
-    fprintf(stderr, "replay-trace: %s: event %zu (%c %u): %s\n", o.path.c_str(), i, e.alloc ? 'a' : 'f', e.id,
-            what.c_str());
+    fprintf(stderr, "replay-trace: %s, %s: event %zu (%c %u): %s\n", o.path.c_str(), api.through, i,
+            e.alloc ? 'a' : 'f', e.id, what.c_str());
     return std::nullopt;
   };
   // Frees one live allocation after checking its pattern; timed if `timed`.
@@ -309,6 +311,11 @@ int main(int argc, char** argv) {
   // Rounds alternate between the driver and the shim, so that drift in the
   // driver's own cost falls on both.
   Api shim = shim_api();
+  CUmemoryPool shim_pool = nullptr;
+  if (CUresult r = cuDeviceGetDefaultMemPool(&shim_pool, dev)) {
+    fprintf(stderr, "replay-trace: cuDeviceGetDefaultMemPool through gmem: %s\n", error_name(r).c_str());
+    return 1;
+  }
   std::vector<double> shim_ns, native_ns;
   std::uint64_t native_peak = 0;
   for (int round = 0; round < o->rounds; ++round) {
@@ -329,32 +336,41 @@ int main(int argc, char** argv) {
     }
     if (!(ns = replay(shim, *trace, *o, streams))) return 1;
     shim_ns.push_back(*ns);
+    // gmem gives back what it caches, as it does for torch's empty_cache(), so
+    // the next round straight to the driver finds the device as this one did.
+    if (CUresult r = cuMemPoolTrimTo(shim_pool, 0)) {
+      fprintf(stderr, "replay-trace: cuMemPoolTrimTo through gmem: %s\n", error_name(r).c_str());
+      return 1;
+    }
   }
   for (std::size_t s = 1; s < streams.size(); ++s) cuStreamDestroy(streams[s]);
 
   // gmem's figures cover the whole process: every shim round, each of which
-  // replays the same trace, so a pool that reuses what it holds has the peak of one.
+  // replays the same trace from an empty cache, so they have the peak of one.
   std::string stats = gmem::stats_file::path(*stats_dir, getpid());
   int device = 0;
   cuCtxGetDevice(&device);
-  std::optional<std::uint64_t> peak_reserved =
-      gmem::stats_file::read_device_stat(stats, device, GMEM_STAT_peak_reserved_bytes, &error);
-  std::optional<std::uint64_t> peak_in_use =
-      peak_reserved ? gmem::stats_file::read_device_stat(stats, device, GMEM_STAT_peak_in_use_bytes, &error)
-                    : std::nullopt;
-  if (!peak_in_use) {
-    fprintf(stderr, "replay-trace: cannot read gmem's figures: %s\n", error.c_str());
-    return 1;
+  std::uint64_t figures[3] = {};  // peak reserved, peak in use, stitches
+  const gmem_device_stat wanted[3] = {GMEM_STAT_peak_reserved_bytes, GMEM_STAT_peak_in_use_bytes, GMEM_STAT_stitches};
+  for (int i = 0; i < 3; ++i) {
+    std::optional<std::uint64_t> v = gmem::stats_file::read_device_stat(stats, device, wanted[i], &error);
+    if (!v) {
+      fprintf(stderr, "replay-trace: cannot read gmem's figures: %s\n", error.c_str());
+      return 1;
+    }
+    figures[i] = *v;
   }
+  const std::uint64_t peak_reserved = figures[0], peak_in_use = figures[1];
   std::string name = "trace_" + gmem::trace::name_of(o->path) + (o->sync ? "_sync" : "");
   const double requested = static_cast<double>(trace->peak_requested), MiB = 1 << 20;
   printf("replay-trace: %s: %zu events, %u stream(s), %d round(s) of %s; peak requested %.1f MiB, "
-         "gmem's peak in use %.1f MiB, peak reserved %.1f MiB\n",
+         "gmem's peak in use %.1f MiB, peak reserved %.1f MiB, stitches %llu\n",
          o->path.c_str(), trace->events.size(), trace->streams, o->rounds,
          o->sync ? "cuMemAlloc/cuMemFree" : "cuMemAllocAsync/cuMemFreeAsync", requested / MiB,
-         static_cast<double>(*peak_in_use) / MiB, static_cast<double>(*peak_reserved) / MiB);
+         static_cast<double>(peak_in_use) / MiB, static_cast<double>(peak_reserved) / MiB,
+         static_cast<unsigned long long>(figures[2]));
   printf("BENCH %s_peak_requested %.1f MiB\n", name.c_str(), requested / MiB);
-  printf("BENCH %s_peak_ratio %.4f ratio\n", name.c_str(), static_cast<double>(*peak_reserved) / requested);
+  printf("BENCH %s_peak_ratio %.4f ratio\n", name.c_str(), static_cast<double>(peak_reserved) / requested);
   if (native_pool) {
     printf("BENCH %s_peak_ratio_native %.4f ratio\n", name.c_str(), static_cast<double>(native_peak) / requested);
   }
@@ -362,10 +378,10 @@ int main(int argc, char** argv) {
   printf("BENCH %s_replay_ns_per_op_native %.1f ns\n", name.c_str(), median(native_ns));
   // Nothing but the replay allocates through gmem here, so its accounting must
   // match the trace exactly; a figure built on wrong accounting is no figure.
-  if (*peak_in_use != trace->peak_requested || *peak_reserved < trace->peak_requested) {
+  if (peak_in_use != trace->peak_requested || peak_reserved < trace->peak_requested) {
     fprintf(stderr, "replay-trace: gmem's figures disagree with the trace: peak in use %llu and peak reserved %llu "
-            "bytes, for a peak requested of %llu\n", static_cast<unsigned long long>(*peak_in_use),
-            static_cast<unsigned long long>(*peak_reserved), static_cast<unsigned long long>(trace->peak_requested));
+            "bytes, for a peak requested of %llu\n", static_cast<unsigned long long>(peak_in_use),
+            static_cast<unsigned long long>(peak_reserved), static_cast<unsigned long long>(trace->peak_requested));
     return 1;
   }
   cuDevicePrimaryCtxRelease_v2(dev);

@@ -66,6 +66,16 @@ class ReplayTrace(unittest.TestCase):
         self.assertEqual(status, 0, err)
         self.assert_figures(out, "trace_synthetic_small_sync", native_peak=False)
 
+    def test_a_device_too_small_to_cache_everything_makes_the_pool_stitch(self):
+        # 128 MiB for a peak of 83 MiB: the pool must stitch freed chunks, and
+        # every pattern must survive it.
+        for mode in ([], ["--sync"]):
+            status, out, err, _ = run([REPLAY, *mode, "--rounds", "2", TRACE],
+                                      extra_env={"GMEM_EMU_DEVICE_MEMORY": "128M"})
+            self.assertEqual(status, 0, err)
+            stitches = re.search(r"stitches (\d+)", out)
+            self.assertTrue(stitches and int(stitches[1]) > 0, out)
+
     def test_memory_shared_by_two_live_allocations_is_caught(self):
         status, out, err, _ = run([REPLAY, "--inject-alias", "--rounds", "1", TRACE])
         self.assertEqual(status, 1, out + err)
