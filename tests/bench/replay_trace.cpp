@@ -276,8 +276,8 @@ int main(int argc, char** argv) {
   }
   std::string error;
   std::optional<Trace> trace = gmem::trace::load(o->path, &error);
-  if (!trace) {
-    fprintf(stderr, "replay-trace: %s\n", error.c_str());
+  if (!trace || trace->peak_requested == 0) {
+    fprintf(stderr, "replay-trace: %s\n", trace ? (o->path + ": no allocations").c_str() : error.c_str());
     return 2;
   }
   std::optional<std::string> stats_dir = gmem::stats_file::directory_from_conf(getenv("GMEM_CONF"));

@@ -82,13 +82,15 @@ class ReplayTrace(unittest.TestCase):
         self.assertIn("another live allocation shares it", err)
         self.assertNotIn("BENCH", out)
 
-    def test_a_broken_trace_is_refused_naming_the_line(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".trace") as t:
-            t.write("# gmem allocation trace v1\na 0 64 0\nf 1\n")
-            t.flush()
-            status, out, err, _ = run([REPLAY, t.name])
-        self.assertEqual(status, 2)
-        self.assertIn(f"{t.name}:3: free of id 1, which is not live", err)
+    def test_a_broken_or_empty_trace_is_refused(self):
+        for text, message in (("a 0 64 0\nf 1\n", ":3: free of id 1, which is not live"),
+                              ("# nothing\n", ": no allocations")):
+            with tempfile.NamedTemporaryFile("w", suffix=".trace") as t:
+                t.write("# gmem allocation trace v1\n" + text)
+                t.flush()
+                status, out, err, _ = run([REPLAY, t.name])
+            self.assertEqual(status, 2)
+            self.assertIn(t.name + message, err)
 
     def test_without_the_shim_it_says_so(self):
         status, out, err, _ = run([REPLAY, TRACE], preload=False)
