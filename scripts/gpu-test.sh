@@ -226,6 +226,9 @@ for b in "${benches[@]}"; do
   [[ $name == bench* ]] || name=bench-$name
   [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$b" "$shim" "$real"
 done
+# Every pair a pool hit: the pool's cost against the driver's alloc and free.
+step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \
+  GMEM_BENCH_PREFIX=pool_hit_ "$carry/bench/bench-shim"
 
 # Fragmentation on allocation traces recorded here from PyTorch training (a
 # transformer LM with varying sequence lengths, a GCN): tests/traces/README.md.
@@ -233,8 +236,9 @@ step traces-record 300 python3 tests/gpu/record_traces.py --out "$out/traces"
 step traces-torch 300 replay_traces_torch
 step traces-driver 180 replay_traces_driver "$carry/replay-trace"
 
-# Last, as the time budget cuts from the end: training with the experimental VMM pool.
-step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators default
+# Last, as the time budget cuts from the end: training with the VMM pool serving
+# every tensor (cudaMallocAsync) and torch's segments (default).
+step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators async default
 
 {
   echo
