@@ -234,7 +234,7 @@ step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBR
 # transformer LM with varying sequence lengths, a GCN): tests/traces/README.md.
 step traces-record 300 python3 tests/gpu/record_traces.py --out "$out/traces"
 step traces-torch 300 replay_traces_torch
-step traces-driver 180 replay_traces_driver "$carry/replay-trace"
+step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 # Last, as the time budget cuts from the end: training with the VMM pool serving
 # every tensor (cudaMallocAsync) and torch's segments (default).
