@@ -199,9 +199,9 @@ void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* 
     vmm::Chunk chunk = std::move(it->second);
     d.loose.erase(it);
     d.cached_bytes -= chunk.size();
-    // Far too big: made again at the size needed, the rest kept loose, so one
-    // small request does not hold a large chunk.
-    if (chunk.size() >= 2 * need + d.granularity) {
+    // Too big by more than an eighth: made again at the size needed, the rest
+    // kept loose, so a request does not hold memory it does not use.
+    if (chunk.size() > need && chunk.size() - need > std::max(d.granularity, need / 8)) {
       const std::size_t rest = chunk.size() - need;
       drop_chunk(device, std::move(chunk));
       vmm::Chunk part, remainder;
@@ -219,46 +219,31 @@ void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* 
 
 CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>* out) {
   Device& d = devices_[device];
-  std::vector<vmm::Chunk> parts;
-  std::size_t covered = 0;
   // Memory the pool holds but does not use comes before new memory: loose
-  // chunks, then cached ranges taken apart, when together they cover the request.
+  // chunks, empty slabs and cached ranges taken apart; new memory only for
+  // what they cannot cover, made first, so that a request that fails leaves
+  // the cache as it was.
   if (d.empty_slabs) loosen_empty_slabs(device);
-  if (reusable_cached_bytes(device) >= size) {
-    take_loose(device, size, &parts, &covered);
-    if (covered < size) loosen_cached(device, size - covered);
-    take_loose(device, size, &parts, &covered);
-  }
-  CUresult status = CUDA_SUCCESS;
-  if (covered < size) {
-    vmm::Chunk fresh;
-    status = new_chunk(device, size - covered, &fresh);
+  std::size_t reusable = reusable_cached_bytes(device);
+  vmm::Chunk fresh;
+  if (reusable < size) {
+    CUresult status = new_chunk(device, size - reusable, &fresh);
     if (status == CUDA_ERROR_OUT_OF_MEMORY) {
-      // The device is full: every free the pool waits on completes, and all
-      // it caches is stitched, unless even that cannot succeed (a hopeless
-      // request leaves the cache as it was).
+      // The device is full: every free the pool waits on completes, then try again.
       publish(device, GMEM_STAT_oom_releases, 1);
       complete_pending_frees();
-      std::size_t free_bytes = 0, total = 0;
-      if (driver_.cuMemGetInfo_v2(&free_bytes, &total) == CUDA_SUCCESS &&
-          free_bytes + reusable_cached_bytes(device) + covered >= size) {
-        loosen_empty_slabs(device);
-        loosen_cached(device, size - covered);
-        take_loose(device, size, &parts, &covered);
-        status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
-      }
+      loosen_empty_slabs(device);
+      reusable = reusable_cached_bytes(device);
+      status = reusable < size ? new_chunk(device, size - reusable, &fresh) : CUDA_SUCCESS;
     }
-    if (status != CUDA_SUCCESS) {
-      for (auto& c : parts) {
-        d.cached_bytes += c.size();
-        std::size_t bytes = c.size();
-        d.loose.emplace(bytes, std::move(c));
-      }
-      publish_free_figures(device);
-      return status;
-    }
-    if (fresh.size()) parts.push_back(std::move(fresh));
+    if (status != CUDA_SUCCESS) return status;
   }
+  std::vector<vmm::Chunk> parts;
+  std::size_t covered = fresh.size();
+  if (covered) parts.push_back(std::move(fresh));
+  take_loose(device, size, &parts, &covered);
+  if (covered < size) loosen_cached(device, size - covered);
+  take_loose(device, size, &parts, &covered);
   if (parts.size() > max_parts) {
     // Too many mappings for one range: the parts are made again as one chunk.
     std::size_t bytes = 0;
@@ -336,8 +321,10 @@ CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, Stre
 }
 
 CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range) {
-  // A cached range this stream may use that fits with at most 1/8 to spare.
-  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= rounded + rounded / 8; ++it) {
+  // A cached range this stream may use that fits with at most 1/16 (or one
+  // granule) to spare.
+  const std::size_t most = rounded + std::max(d.granularity, rounded / 16);
+  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
     if (reusable(it->second->pending, stream)) {
       *range = it->second;
       d.cached.erase(it);
