@@ -152,18 +152,18 @@ void VmmPool::loosen(Range& range) {
 bool VmmPool::loosen_empty_slabs(int device) {
   Device& d = devices_[device];
   std::vector<Range*> empty;
-  for (auto& [base, range] : ranges_) {
-    Range& r = *range;
-    if (r.device != device || !r.class_size || r.live) continue;
-    auto& list = d.free_blocks[r.class_size];
-    auto in_slab = [&](const FreeBlock& b) { return b.base >= r.va.base() && b.base < r.va.base() + r.va.size(); };
+  for (Range* r : d.empty_slabs) {
+    auto& list = d.free_blocks[r->class_size];
+    auto in_slab = [&](const FreeBlock& b) { return b.base >= r->va.base() && b.base < r->va.base() + r->va.size(); };
     if (std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || reusable(b.pending, 0); })) {
       std::erase_if(list, in_slab);
-      empty.push_back(&r);
+      empty.push_back(r);
     }
   }
-  for (Range* r : empty) loosen(*r);
-  d.empty_slabs -= empty.size();
+  for (Range* r : empty) {
+    d.empty_slabs.erase(r);
+    loosen(*r);
+  }
   return !empty.empty();
 }
 
@@ -179,14 +179,6 @@ std::size_t VmmPool::loosen_cached(int device, std::size_t want) {
     loosen(*r);
   }
   return freed;
-}
-
-std::size_t VmmPool::reusable_cached_bytes(int device) {
-  Device& d = devices_[device];
-  std::size_t bytes = 0;
-  for (const auto& [size, r] : d.cached) bytes += reusable(r->pending, 0) ? size : 0;
-  for (const auto& [size, c] : d.loose) bytes += size;
-  return bytes;
 }
 
 void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered) {
@@ -219,31 +211,45 @@ void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* 
 
 CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>* out) {
   Device& d = devices_[device];
-  // Memory the pool holds but does not use comes before new memory: loose
-  // chunks, empty slabs and cached ranges taken apart; new memory only for
-  // what they cannot cover, made first, so that a request that fails leaves
-  // the cache as it was.
-  if (d.empty_slabs) loosen_empty_slabs(device);
-  std::size_t reusable = reusable_cached_bytes(device);
-  vmm::Chunk fresh;
-  if (reusable < size) {
-    CUresult status = new_chunk(device, size - reusable, &fresh);
+  // Loose chunks first: they cost a mapping, and no cached range is lost.
+  std::vector<vmm::Chunk> parts;
+  std::size_t covered = 0;
+  take_loose(device, size, &parts, &covered);
+  // While the pool holds little more than the most it ever had in use, new
+  // memory serves the rest and cached ranges stay for their own sizes; beyond
+  // that, cached ranges and empty slabs are taken apart first.
+  if (covered < size && d.figures.reserved + (size - covered) > d.budget()) {
+    loosen_cached(device, size - covered);
+    take_loose(device, size, &parts, &covered);
+    if (covered < size && !d.empty_slabs.empty()) {
+      loosen_empty_slabs(device);
+      take_loose(device, size, &parts, &covered);
+    }
+  }
+  if (covered < size) {
+    vmm::Chunk fresh;
+    CUresult status = new_chunk(device, size - covered, &fresh);
     if (status == CUDA_ERROR_OUT_OF_MEMORY) {
-      // The device is full: every free the pool waits on completes, then try again.
+      // The device is full: every free the pool waits on completes, and all
+      // it caches may serve.
       publish(device, GMEM_STAT_oom_releases, 1);
       complete_pending_frees();
       loosen_empty_slabs(device);
-      reusable = reusable_cached_bytes(device);
-      status = reusable < size ? new_chunk(device, size - reusable, &fresh) : CUDA_SUCCESS;
+      loosen_cached(device, size - covered);
+      take_loose(device, size, &parts, &covered);
+      status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
     }
-    if (status != CUDA_SUCCESS) return status;
+    if (status != CUDA_SUCCESS) {
+      for (auto& c : parts) {
+        d.cached_bytes += c.size();
+        std::size_t bytes = c.size();
+        d.loose.emplace(bytes, std::move(c));
+      }
+      publish_free_figures(device);
+      return status;
+    }
+    if (fresh.size()) parts.push_back(std::move(fresh));
   }
-  std::vector<vmm::Chunk> parts;
-  std::size_t covered = fresh.size();
-  if (covered) parts.push_back(std::move(fresh));
-  take_loose(device, size, &parts, &covered);
-  if (covered < size) loosen_cached(device, size - covered);
-  take_loose(device, size, &parts, &covered);
   if (parts.size() > max_parts) {
     // Too many mappings for one range: the parts are made again as one chunk.
     std::size_t bytes = 0;
@@ -281,11 +287,12 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   if (status == CUDA_SUCCESS) {
     range->blocks[index] = *out;
-    if (range->class_size && range->live++ == 0) --d.empty_slabs;
+    if (range->class_size && range->live++ == 0) d.empty_slabs.erase(range);
     if (!range->class_size) range->live = 1;
     d.cached_bytes -= out->physical;
     d.figures.used += out->physical;
     d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
+    d.peak_used = std::max(d.peak_used, d.figures.used);
     publish_free_figures(device);
   }
   return status;
@@ -310,7 +317,7 @@ CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, Stre
     // Lowest address last: handed out first.
     for (std::size_t i = slab->blocks.size(); i-- > 0;) list.push_back({slab->va.base() + i * class_size, {}});
     d.cached_bytes += slab->va.size();
-    ++d.empty_slabs;
+    d.empty_slabs.insert(slab.get());
     ranges_.emplace(slab->va.base(), std::move(slab));
     found = list.end() - 1;
   }
@@ -352,7 +359,7 @@ void VmmPool::release(Range& range, std::size_t index, Pending pending) {
     d.cached.emplace(range.va.size(), &range);
     d.cached_bytes += range.va.size();
   }
-  if (--range.live == 0 && range.class_size) ++d.empty_slabs;
+  if (--range.live == 0 && range.class_size) d.empty_slabs.insert(&range);
   block = Block{};
   publish_free_figures(range.device);
 }
