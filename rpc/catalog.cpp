@@ -46,6 +46,8 @@ bool Catalog::ok(std::string* problem) const {
 void Catalog::rescan_locked() {
   scanned_ = std::chrono::steady_clock::now();
   if (dirfd_ < 0) return;
+  struct stat dir_st {};
+  if (fstat(dirfd_, &dir_st) == 0) scanned_mtime_ = dir_st.st_mtim;
   int fd = openat(dirfd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* dir = fd >= 0 ? fdopendir(fd) : nullptr;
   if (!dir) {
@@ -83,7 +85,12 @@ void Catalog::rescan_locked() {
 }
 
 void Catalog::rescan_if_stale_locked() {
-  if (std::chrono::steady_clock::now() - scanned_ >= rescan_every_) rescan_locked();
+  // A file created or removed changes the directory's mtime: one fstat tells
+  // whether the list moved, so new processes show at once at no scan's cost.
+  struct stat st {};
+  bool moved = dirfd_ >= 0 && fstat(dirfd_, &st) == 0 &&
+               (st.st_mtim.tv_sec != scanned_mtime_.tv_sec || st.st_mtim.tv_nsec != scanned_mtime_.tv_nsec);
+  if (moved || std::chrono::steady_clock::now() - scanned_ >= rescan_every_) rescan_locked();
 }
 
 std::vector<ProcessInfo> Catalog::processes(const Viewer& viewer) {

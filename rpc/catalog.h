@@ -5,6 +5,8 @@
 
 #include <sys/types.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <map>
 #include <memory>
@@ -55,6 +57,7 @@ class Catalog {
   std::chrono::milliseconds rescan_every_;
   std::mutex mutex_;
   std::chrono::steady_clock::time_point scanned_{};
+  timespec scanned_mtime_{};
   std::map<pid_t, std::shared_ptr<StatsFile>> files_;
 };
 

@@ -12,7 +12,13 @@ namespace gmem::rpc {
 
 Client::Client(const std::string& target) : target_(target) {
   std::string uri = target.find(':') != std::string::npos && target.rfind('/', 0) != 0 ? target : "unix:" + target;
-  channel_ = grpc::CreateChannel(uri, grpc::InsecureChannelCredentials());
+  // gmemctl run starts gmemd and then waits for it: reconnect quickly, not
+  // after gRPC's default backoff of a second and more.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
+  channel_ = grpc::CreateCustomChannel(uri, grpc::InsecureChannelCredentials(), arguments);
   stub_ = v1::Gmem::NewStub(channel_);
 }
 
@@ -22,8 +28,9 @@ std::unique_ptr<grpc::ClientContext> Client::context() const {
   return context;
 }
 
-bool Client::answers(double seconds) {
+bool Client::answers(double seconds, bool wait_for_ready) {
   grpc::ClientContext context;
+  context.set_wait_for_ready(wait_for_ready);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
   v1::HealthRequest request;

@@ -32,8 +32,9 @@ class Client {
 
   // Prints what went wrong (with what to do about it) and returns the exit code.
   int report(const grpc::Status& status) const;
-  // Whether a gmemd answers Health within `seconds`.
-  bool answers(double seconds);
+  // Whether a gmemd answers Health within `seconds`; with `wait_for_ready`,
+  // one that is starting up gets until then to come up.
+  bool answers(double seconds, bool wait_for_ready = false);
 
  private:
   std::string target_;

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 
 #include "rpc/paths.h"
 
@@ -50,7 +49,6 @@ bool start_daemon(Client& client, const std::string& socket, const std::string& 
   std::string log = socket + ".log";
   std::vector<std::string> arguments = {gmemd_path(), "--socket", socket};
   if (!stats_dir.empty()) arguments.insert(arguments.end(), {"--stats-dir", stats_dir});
-  std::string problem;
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
@@ -68,12 +66,9 @@ bool start_daemon(Client& client, const std::string& socket, const std::string& 
     _exit(127);
   }
   waitpid(pid, nullptr, 0);
-  for (int tries = 0; tries < 50; ++tries) {
-    if (client.answers(0.2)) {
-      fprintf(stderr, "gmemctl: started gmemd on %s (log: %s)\n", socket.c_str(), log.c_str());
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (client.answers(5, true)) {
+    fprintf(stderr, "gmemctl: started gmemd on %s (log: %s)\n", socket.c_str(), log.c_str());
+    return true;
   }
   fprintf(stderr, "gmemctl: gmemd did not come up on %s; see %s\n", socket.c_str(), log.c_str());
   return false;

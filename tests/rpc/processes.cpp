@@ -1,0 +1,94 @@
+// fork/exec helpers for the gmemd tests (see processes.h).
+#include "processes.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace gmem::test {
+namespace {
+
+[[noreturn]] void exec(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  for (const std::string& pair : env) putenv(const_cast<char*>(pair.c_str()));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  _exit(127);
+}
+
+std::string drain(int fd) {
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(n));
+  return text;
+}
+
+int status_of(int raw) { return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw); }
+
+}  // namespace
+
+Finished run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  // Files, not pipes: a daemon the command leaves behind must not hold our reads open.
+  char out_path[] = "/tmp/gmem-rpc-out-XXXXXX", err_path[] = "/tmp/gmem-rpc-err-XXXXXX";
+  int out = mkstemp(out_path), err = mkstemp(err_path);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out, 1);
+    dup2(err, 2);
+    exec(argv, env);
+  }
+  int raw = 0;
+  waitpid(pid, &raw, 0);
+  Finished result;
+  result.status = status_of(raw);
+  lseek(out, 0, SEEK_SET);
+  lseek(err, 0, SEEK_SET);
+  result.out = drain(out);
+  result.err = drain(err);
+  close(out);
+  close(err);
+  unlink(out_path);
+  unlink(err_path);
+  return result;
+}
+
+Background::Background(const std::vector<std::string>& argv, const std::string& err_path) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return;
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(pipe_fds[1], 1);
+    int err = open(err_path.empty() ? "/dev/null" : err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(err, 2);
+    exec(argv, {});
+  }
+  close(pipe_fds[1]);
+  out_ = pipe_fds[0];
+}
+
+std::string Background::first_line() {
+  std::string line;
+  char c;
+  while (read(out_, &c, 1) == 1 && c != '\n') line += c;
+  return line;
+}
+
+int Background::stop(int sig) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  int raw = 0;
+  waitpid(pid_, &raw, 0);
+  pid_ = -1;
+  return status_of(raw);
+}
+
+Background::~Background() {
+  stop(SIGKILL);
+  if (out_ >= 0) close(out_);
+}
+
+}  // namespace gmem::test

@@ -1,0 +1,39 @@
+// Child processes for the gmemd tests: run a command to completion with its
+// output captured, or start one in the background (optionally waiting for its
+// first line) and kill it at the end of the test.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace gmem::test {
+
+struct Finished {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+// `env`: NAME=VALUE pairs added to the environment.
+Finished run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+
+class Background {
+ public:
+  // Starts argv with stdout on a pipe (first_line() reads from it) and
+  // stderr appended to `err_path` (or discarded).
+  Background(const std::vector<std::string>& argv, const std::string& err_path = "");
+  ~Background();
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+  pid_t pid() const { return pid_; }
+  std::string first_line();
+  // Sends `sig` and reaps; returns the exit status as run_command reports it.
+  int stop(int sig);
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+};
+
+}  // namespace gmem::test
