@@ -178,3 +178,22 @@ GMEM_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
   if (auto* pool = active_pool(); pool && status == CUDA_SUCCESS) pool->context_destroyed(context);
   return status;
 }
+
+// The default memory pool's figures include gmem's pool.
+
+GMEM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool mempool, CUmemPool_attribute attribute, void* value) {
+  if (auto* pool = active_pool()) return guarded([&] { return pool->mempool_attribute(mempool, attribute, value); });
+  return GMEM_REAL(cuMemPoolGetAttribute)(mempool, attribute, value);
+}
+
+GMEM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool mempool, CUmemPool_attribute attribute, void* value) {
+  if (auto* pool = active_pool()) {
+    return guarded([&] { return pool->set_mempool_attribute(mempool, attribute, value); });
+  }
+  return GMEM_REAL(cuMemPoolSetAttribute)(mempool, attribute, value);
+}
+
+GMEM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool mempool, size_t keep) {
+  if (auto* pool = active_pool()) return guarded([&] { return pool->trim_mempool(mempool, keep); });
+  return GMEM_REAL(cuMemPoolTrimTo)(mempool, keep);
+}

@@ -1,6 +1,7 @@
 #include "interpose/runtime.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,6 +25,22 @@ CUresult no_driver() { return CUDA_ERROR_NOT_INITIALIZED; }
 CUresult no_driver_init() { return CUDA_ERROR_NO_DEVICE; }
 // A function this driver does not have (an older driver than the toolkit).
 CUresult missing_function() { return CUDA_ERROR_NOT_FOUND; }
+
+// At exit the stats file goes (readers learn the process is gone); a forked
+// child stops writing into its parent's.
+void remove_stats_file() { the_runtime->pool->publisher()->remove_file(); }
+void detach_stats_in_child() { the_runtime->pool->publisher()->detach_after_fork(); }
+
+std::unique_ptr<pool::Publisher> open_stats(const Config& config) {
+  if (!config.stats) return nullptr;
+  std::string error;
+  auto publisher = pool::Publisher::create(config.stats_dir, getenv("GMEM_CONF"), &error);
+  if (!publisher) {
+    log().warn("{}: the job runs, but gmemd cannot show it (set stats_dir in GMEM_CONF to a writable directory, "
+               "or stats:0)", error);
+  }
+  return publisher;
+}
 
 void print_report() {
   if (the_runtime && the_runtime->pool) {
@@ -66,11 +83,15 @@ void initialise() {
     }
     if (!rt->config.disable) {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
-                                rt->config.pool == config_type::source::vmm);
+                                rt->config.pool == config_type::source::vmm, open_stats(rt->config));
     }
   }
   the_runtime = rt;
   if (rt->config.report) atexit(print_report);
+  if (rt->pool && rt->pool->publisher()) {
+    atexit(remove_stats_file);
+    pthread_atfork(nullptr, nullptr, detach_stats_in_child);
+  }
 }
 
 }  // namespace

@@ -7,23 +7,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gmem/stats.h"
+
 namespace gmem::pool {
 
-// X(kind, name in reports)
-#define GMEM_ALLOCATION_KINDS(X) \
-  X(device, "device")            \
-  X(pitched, "pitched")          \
-  X(managed, "managed")          \
-  X(async, "async")              \
-  X(physical, "vmm")
+// X(kind, name in reports, published value), in the order of the published values.
+#define GMEM_ALLOCATION_KINDS(X)            \
+  X(device, "device", GMEM_KIND_DEVICE)     \
+  X(pitched, "pitched", GMEM_KIND_PITCHED)  \
+  X(managed, "managed", GMEM_KIND_MANAGED)  \
+  X(async, "async", GMEM_KIND_ASYNC)        \
+  X(physical, "vmm", GMEM_KIND_VMM)
 
 enum class Kind : uint8_t {
-#define GMEM_KIND_ENUM(kind, name) kind,
+#define GMEM_KIND_ENUM(kind, name, published) kind = published,
   GMEM_ALLOCATION_KINDS(GMEM_KIND_ENUM)
 #undef GMEM_KIND_ENUM
 };
 inline constexpr std::size_t kind_count = 0
-#define GMEM_KIND_COUNT(kind, name) +1
+#define GMEM_KIND_COUNT(kind, name, published) +1
     GMEM_ALLOCATION_KINDS(GMEM_KIND_COUNT)
 #undef GMEM_KIND_COUNT
     ;
@@ -39,6 +41,10 @@ struct Allocation {
   int device = -1;
   Kind kind = Kind::device;
   uint32_t references = 1;  // cuMemRetainAllocationHandle adds references
+  bool pooled = false;       // served from gmem's pool (else from the driver)
+  uint16_t chunks = 0;       // pooled: physical chunks mapped for it alone
+  std::size_t physical = 0;  // pooled: physical bytes set aside for it
+  uint32_t placement = UINT32_MAX;  // its entry in the published placement table
 };
 
 struct KindStats {

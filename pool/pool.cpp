@@ -38,23 +38,29 @@ CUresult Pool::free_tracked(Registry& registry, uint64_t key, FreeCall&& free_ca
   return status;
 }
 
-CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
-  if (!vmm_) {
-    CUresult status = driver_.cuMemAlloc_v2(dptr, size);
-    if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
-    return status;
-  }
-  Allocation a = describe(0, size, Kind::device, nullptr);
+CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream) {
   if (!a.context) {
     // No current context: answer as the driver does (not initialised, or none).
     CUresult status = driver_.cuCtxGetCurrent(&a.context);
     return status != CUDA_SUCCESS ? status : CUDA_ERROR_INVALID_CONTEXT;
   }
-  CUresult status = vmm_->alloc(dptr, size, a.device, a.context);
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  Block block;
+  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet());
   if (status == CUDA_SUCCESS) {
-    a.key = *dptr;
+    a.key = *dptr = block.base;
+    a.pooled = true;
+    a.physical = block.physical;
+    a.chunks = block.chunks;
     allocations_.insert(a);
   }
+  return status;
+}
+
+CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
+  if (vmm_) return alloc_pooled(dptr, describe(0, size, Kind::device, nullptr), 0);
+  CUresult status = driver_.cuMemAlloc_v2(dptr, size);
+  if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
   return status;
 }
 
@@ -71,8 +77,48 @@ CUresult Pool::alloc_managed(CUdeviceptr* dptr, std::size_t size, unsigned flags
   return status;
 }
 
+namespace {
+
+// Tells streams apart for stream-ordered reuse. The legacy default stream is
+// one stream; each thread's per-thread default stream is its own.
+StreamId stream_identity(CUstream stream, DefaultStream default_stream) {
+  static constexpr StreamId per_thread_bit = StreamId{1} << 63;
+  thread_local const char this_thread = 0;
+  if (stream == CU_STREAM_PER_THREAD || (!stream && default_stream == DefaultStream::per_thread)) {
+    return reinterpret_cast<StreamId>(&this_thread) | per_thread_bit;
+  }
+  return stream ? reinterpret_cast<StreamId>(stream) : reinterpret_cast<StreamId>(CU_STREAM_LEGACY);
+}
+
+// The stream handle that means the caller's stream to any driver entry point.
+CUstream explicit_stream(CUstream stream, DefaultStream default_stream) {
+  return !stream && default_stream == DefaultStream::per_thread ? CU_STREAM_PER_THREAD : stream;
+}
+
+}  // namespace
+
+bool Pool::capturing(CUstream stream, DefaultStream default_stream) const {
+  if (captures_.load(std::memory_order_relaxed) == 0) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  auto query = default_stream == DefaultStream::per_thread ? driver_.cuStreamIsCapturing_ptsz
+                                                           : driver_.cuStreamIsCapturing;
+  // A stream the driver cannot describe is left to the driver as well.
+  return query(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+void Pool::capture_ended() {
+  int seen = captures_.load(std::memory_order_relaxed);
+  while (seen > 0 && !captures_.compare_exchange_weak(seen, seen - 1, std::memory_order_relaxed)) {
+  }
+}
+
 CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mempool, CUstream stream,
                            DefaultStream default_stream) {
+  // The pool serves the default memory pool's requests; an explicit pool (its
+  // own properties, IPC) and graph captures are the driver's.
+  if (vmm_ && !mempool && !capturing(stream, default_stream)) {
+    return alloc_pooled(dptr, describe(0, size, Kind::async, stream), stream_identity(stream, default_stream));
+  }
   const bool per_thread = default_stream == DefaultStream::per_thread;
   CUresult status;
   if (mempool) {
@@ -95,9 +141,17 @@ CUresult Pool::free(CUdeviceptr dptr) {
 }
 
 CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream) {
-  auto free_call = default_stream == DefaultStream::per_thread ? driver_.cuMemFreeAsync_ptsz
-                                                               : driver_.cuMemFreeAsync;
-  return free_tracked(allocations_, dptr, [&] { return free_call(dptr, stream); });
+  return free_tracked(allocations_, dptr, [&] {
+    if (vmm_) {
+      OrderedFree order{explicit_stream(stream, default_stream), stream_identity(stream, default_stream)};
+      if (std::optional<CUresult> status = vmm_->free_async(dptr, order, capturing(stream, default_stream), quiet())) {
+        return *status;
+      }
+    }
+    auto free_call = default_stream == DefaultStream::per_thread ? driver_.cuMemFreeAsync_ptsz
+                                                                 : driver_.cuMemFreeAsync;
+    return free_call(dptr, stream);
+  });
 }
 
 // Memory the pool caches counts as free: the program may have it.
@@ -122,11 +176,9 @@ CUresult Pool::get_address_range(CUdeviceptr* base, std::size_t* size, CUdevicep
   return driver_.cuMemGetAddressRange_v2(base, size, dptr);
 }
 
-namespace {
-
 // A pointer attribute of pool memory that the pool knows better than the
 // driver; nullopt where the driver's answer stands.
-std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) {
+std::optional<CUresult> Pool::block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const {
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       *static_cast<CUcontext*>(data) = block.context;
@@ -143,12 +195,16 @@ std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute 
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
       *static_cast<std::size_t*>(data) = block.size;
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
+      // Stream-ordered allocations belong to the device's default pool.
+      std::optional<Allocation> a = allocations_.find(block.base);
+      if (!a || a->kind != Kind::async) return std::nullopt;
+      return driver_.cuDeviceGetDefaultMemPool(static_cast<CUmemoryPool*>(data), block.device);
+    }
     default:
       return std::nullopt;
   }
 }
-
-}  // namespace
 
 CUresult Pool::pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   if (std::optional<Block> block = vmm_ && data ? vmm_->find(ptr) : std::nullopt) {
@@ -189,6 +245,9 @@ CUresult Pool::release(CUmemGenericAllocationHandle handle) {
 }
 
 CUresult Pool::retain_handle(CUmemGenericAllocationHandle* handle, void* address) {
+  // Pool memory is cuMemAlloc memory to the program, which has no handle: the
+  // pool's chunks are not the program's to export or unmap.
+  if (vmm_ && vmm_->find(reinterpret_cast<CUdeviceptr>(address))) return CUDA_ERROR_INVALID_VALUE;
   CUresult status = driver_.cuMemRetainAllocationHandle(handle, address);
   if (status == CUDA_SUCCESS) handles_.retain(*handle);
   return status;
@@ -200,6 +259,54 @@ CUresult Pool::map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemG
 }
 
 CUresult Pool::unmap(CUdeviceptr ptr, std::size_t size) { return driver_.cuMemUnmap(ptr, size); }
+
+std::optional<int> Pool::default_mempool_device(CUmemoryPool mempool) const {
+  CUdevice device = 0;
+  CUmemoryPool default_pool = nullptr;
+  if (!vmm_ || driver_.cuCtxGetDevice(&device) != CUDA_SUCCESS) return std::nullopt;
+  if (driver_.cuDeviceGetDefaultMemPool(&default_pool, device) != CUDA_SUCCESS || default_pool != mempool) {
+    return std::nullopt;
+  }
+  return device;
+}
+
+// The figures of the default pool are the driver's own (graph captures still
+// use it) plus gmem's pool.
+CUresult Pool::mempool_attribute(CUmemoryPool mempool, CUmemPool_attribute attribute, void* value) {
+  CUresult status = driver_.cuMemPoolGetAttribute(mempool, attribute, value);
+  std::optional<int> device = default_mempool_device(mempool);
+  if (status != CUDA_SUCCESS || !device) return status;
+  const VmmPool::Figures ours = vmm_->figures(*device);
+  auto* figure = static_cast<cuuint64_t*>(value);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure += ours.reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *figure += ours.reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *figure += ours.used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *figure += ours.used_high; break;
+    default: break;
+  }
+  return status;
+}
+
+CUresult Pool::set_mempool_attribute(CUmemoryPool mempool, CUmemPool_attribute attribute,
+                                                    void* value) {
+  CUresult status = driver_.cuMemPoolSetAttribute(mempool, attribute, value);
+  std::optional<int> device = default_mempool_device(mempool);
+  if (status == CUDA_SUCCESS && device) {
+    // Resetting a high-water mark (the only value allowed is 0) resets ours too.
+    if (attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) vmm_->reset_high(*device, VmmPool::High::reserved);
+    if (attribute == CU_MEMPOOL_ATTR_USED_MEM_HIGH) vmm_->reset_high(*device, VmmPool::High::used);
+  }
+  return status;
+}
+
+CUresult Pool::trim_mempool(CUmemoryPool mempool, std::size_t keep) {
+  CUresult status = driver_.cuMemPoolTrimTo(mempool, keep);
+  if (std::optional<int> device = status == CUDA_SUCCESS ? default_mempool_device(mempool) : std::nullopt) {
+    vmm_->trim(*device, keep);
+  }
+  return status;
+}
 
 void Pool::primary_context_retained(CUdevice device, CUcontext context) {
   std::lock_guard lock(primary_mutex_);

@@ -5,9 +5,11 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "pool/registry.h"
@@ -22,9 +24,13 @@ enum class DefaultStream : bool { legacy, per_thread };
 
 class Pool {
  public:
-  // With `use_vmm`, cuMemAlloc memory comes from gmem's VMM pool.
-  explicit Pool(const vmm::Driver& driver, bool use_vmm = false)
-      : driver_(driver), vmm_(use_vmm ? std::make_unique<VmmPool>(driver_) : nullptr) {}
+  // With `use_vmm`, device memory comes from gmem's VMM pool; with a
+  // publisher, the pool's figures are published through it.
+  explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr)
+      : driver_(driver),
+        publisher_(std::move(publisher)),
+        vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get()) : nullptr),
+        ledger_(publisher_.get()) {}
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);
   CUresult alloc_pitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width, std::size_t height,
@@ -49,6 +55,17 @@ class Pool {
                unsigned long long flags);
   CUresult unmap(CUdeviceptr ptr, std::size_t size);
 
+  // The device's default memory pool (cuMemAllocAsync's) describes gmem's pool
+  // too, as gmem serves its allocations.
+  CUresult mempool_attribute(CUmemoryPool mempool, CUmemPool_attribute attribute, void* value);
+  CUresult set_mempool_attribute(CUmemoryPool mempool, CUmemPool_attribute attribute, void* value);
+  CUresult trim_mempool(CUmemoryPool mempool, std::size_t keep);
+
+  // Stream capture: allocations on a capturing stream go to the driver (into
+  // the graph), and nothing the pool does may disturb a capture.
+  void capture_began() { captures_.fetch_add(1, std::memory_order_relaxed); }
+  void capture_ended();
+
   // Contexts: what a destroyed context held is gone.
   void primary_context_retained(CUdevice device, CUcontext context);
   void primary_context_released(CUdevice device);
@@ -56,14 +73,25 @@ class Pool {
 
   Stats stats() const { return ledger_.stats(); }
   const Registry& allocations() const { return allocations_; }
+  Publisher* publisher() const { return publisher_.get(); }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
+  // Serves `a` from the VMM pool, ordered on `stream` (0: none).
+  CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream);
+  bool capturing(CUstream stream, DefaultStream default_stream) const;
+  std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const;
+  // While any stream captures, the pool neither queries events nor waits.
+  bool quiet() const { return captures_.load(std::memory_order_relaxed) > 0; }
+  // The device whose default memory pool `mempool` is; nullopt if none.
+  std::optional<int> default_mempool_device(CUmemoryPool mempool) const;
   template <typename FreeCall>
   CUresult free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call);
 
   const vmm::Driver driver_;
+  const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<VmmPool> vmm_;
+  std::atomic<int> captures_{0};
   Ledger ledger_;
   Registry allocations_{ledger_};  // by device address
   Registry handles_{ledger_};      // physical allocations, by handle

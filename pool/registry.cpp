@@ -4,7 +4,7 @@ namespace gmem::pool {
 
 const char* kind_name(Kind kind) {
   switch (kind) {
-#define GMEM_KIND_NAME(k, name) \
+#define GMEM_KIND_NAME(k, name, published) \
   case Kind::k:                 \
     return name;
     GMEM_ALLOCATION_KINDS(GMEM_KIND_NAME)
@@ -37,12 +37,24 @@ const Registry::Shard& Registry::shard(uint64_t key) const {
   return const_cast<Registry*>(this)->shard(key);
 }
 
-void Ledger::count_allocation(const Allocation& a) {
+void Ledger::count_allocation(Allocation& a) {
   Counters& c = counters_[static_cast<std::size_t>(a.kind)];
   c.allocations.fetch_add(1, std::memory_order_relaxed);
   c.bytes.fetch_add(a.size, std::memory_order_relaxed);
   raise_peak(c.peak_bytes, c.live_bytes.fetch_add(a.size, std::memory_order_relaxed) + a.size);
   raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
+  if (!publisher_) return;
+  const auto size = int64_t(a.size);
+  publisher_->add(a.device, GMEM_STAT_allocations, 1);
+  publisher_->add(a.device, GMEM_STAT_in_use_bytes, size);
+  publisher_->add(a.device, GMEM_STAT_device_bytes, size);
+  // What the pool serves is reserved as chunks; what the driver serves, as asked.
+  if (!a.pooled) publisher_->add(a.device, GMEM_STAT_reserved_bytes, size);
+  // A program's own physical handles have no address to list.
+  if (a.kind != Kind::physical) {
+    a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, GMEM_TIER_DEVICE,
+                                     static_cast<uint8_t>(a.kind), a.chunks, {}});
+  }
 }
 
 void Ledger::count_free(const Allocation& a) {
@@ -50,9 +62,17 @@ void Ledger::count_free(const Allocation& a) {
   c.frees.fetch_add(1, std::memory_order_relaxed);
   c.live_bytes.fetch_sub(a.size, std::memory_order_relaxed);
   live_bytes_.fetch_sub(a.size, std::memory_order_relaxed);
+  if (!publisher_) return;
+  const auto size = int64_t(a.size);
+  publisher_->add(a.device, GMEM_STAT_frees, 1);
+  publisher_->add(a.device, GMEM_STAT_in_use_bytes, -size);
+  publisher_->add(a.device, GMEM_STAT_device_bytes, -size);
+  if (!a.pooled) publisher_->add(a.device, GMEM_STAT_reserved_bytes, -size);
+  publisher_->unplace(a.placement);
 }
 
-void Registry::insert(const Allocation& allocation) {
+void Registry::insert(Allocation allocation) {
+  ledger_.count_allocation(allocation);
   std::optional<Allocation> stale;
   {
     Shard& s = shard(allocation.key);
@@ -64,7 +84,6 @@ void Registry::insert(const Allocation& allocation) {
     }
   }
   if (stale) ledger_.count_free(*stale);
-  ledger_.count_allocation(allocation);
 }
 
 std::optional<Allocation> Registry::take(uint64_t key) {

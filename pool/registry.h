@@ -10,13 +10,17 @@
 #include <unordered_map>
 
 #include "pool/allocation.h"
+#include "pool/publisher.h"
 
 namespace gmem::pool {
 
-// Counters per kind, shared by the registries of one pool.
+// Counters per kind, shared by the registries of one pool; with a publisher,
+// also the per-device figures and the placement table it publishes.
 class Ledger {
  public:
-  void count_allocation(const Allocation& allocation);
+  explicit Ledger(Publisher* publisher = nullptr) : publisher_(publisher) {}
+  // Sets allocation.placement.
+  void count_allocation(Allocation& allocation);
   void count_free(const Allocation& allocation);
   Stats stats() const;
 
@@ -24,6 +28,7 @@ class Ledger {
   struct Counters {
     std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, live_bytes{0}, peak_bytes{0};
   };
+  Publisher* const publisher_;
   std::array<Counters, kind_count> counters_;
   std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
 };
@@ -35,7 +40,7 @@ class Registry {
   // Records a new allocation. An entry already at the same key is stale (the
   // driver reused the address, so it was freed behind our back) and is counted
   // as freed.
-  void insert(const Allocation& allocation);
+  void insert(Allocation allocation);
 
   // Takes an allocation out of the map without counting a free: the caller frees
   // it in the driver, then calls count_free() on success or put_back() on failure.

@@ -14,10 +14,26 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 
 }  // namespace
 
-std::size_t VmmPool::granularity(int device) {
-  auto [it, added] = granularity_.try_emplace(device, slab_size);
-  if (added && vmm::granularity(driver_, device, &it->second) != CUDA_SUCCESS) it->second = slab_size;
-  return it->second;
+void VmmPool::publish(int device, gmem_device_stat stat, int64_t delta) {
+  if (publisher_) publisher_->add(device, stat, delta);
+}
+
+void VmmPool::publish_free_figures(int device) {
+  if (!publisher_) return;
+  const Device& d = devices_[device];
+  std::size_t largest = d.cached.empty() ? 0 : d.cached.rbegin()->first;
+  for (auto it = d.free_blocks.rbegin(); largest == 0 && it != d.free_blocks.rend(); ++it) {
+    if (!it->second.empty()) largest = it->first;
+  }
+  publisher_->set(device, GMEM_STAT_cached_free_bytes, d.cached_bytes);
+  publisher_->set(device, GMEM_STAT_largest_free_bytes, largest);
+}
+
+VmmPool::Device& VmmPool::device_state(int device) {
+  Device& d = devices_[device];
+  if (!d.granularity && vmm::granularity(driver_, device, &d.granularity) != CUDA_SUCCESS) d.granularity = slab_size;
+  if (!d.total && driver_.cuDeviceTotalMem_v2(&d.total, device) != CUDA_SUCCESS) d.total = SIZE_MAX / 2;
+  return d;
 }
 
 const VmmPool::Range* VmmPool::range_of(CUdeviceptr ptr) const {
@@ -31,6 +47,56 @@ VmmPool::Range* VmmPool::range_of(CUdeviceptr ptr) {
   return const_cast<Range*>(std::as_const(*this).range_of(ptr));
 }
 
+CUevent VmmPool::take_event(CUcontext context) {
+  auto& spare = events_[context];
+  if (!spare.empty()) {
+    CUevent event = spare.back();
+    spare.pop_back();
+    return event;
+  }
+  CUevent event = nullptr;
+  return driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS ? event : nullptr;
+}
+
+void VmmPool::recycle_event(Pending& pending) {
+  if (pending.event) events_[pending.context].push_back(pending.event);
+  pending = Pending{};
+}
+
+bool VmmPool::reusable(Pending& pending, StreamId stream) {
+  if (pending.never) return false;
+  if (!pending.event) return true;
+  // On the stream of the free, stream order already puts the new work after it.
+  if ((stream && pending.stream == stream) || (!quiet_ && driver_.cuEventQuery(pending.event) == CUDA_SUCCESS)) {
+    recycle_event(pending);
+    return true;
+  }
+  return false;
+}
+
+void VmmPool::complete_pending_frees() {
+  if (quiet_) return;
+  driver_.cuCtxSynchronize();
+  for (auto& [device, d] : devices_) {
+    for (auto& [size, range] : d.cached) reusable(range->pending, 0);
+    for (auto& [size, list] : d.free_blocks) {
+      for (FreeBlock& b : list) reusable(b.pending, 0);
+    }
+  }
+}
+
+CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out) {
+  CUresult status = vmm::Chunk::create(driver_, device, size, out);
+  if (status == CUDA_SUCCESS) {
+    Figures& f = devices_[device].figures;
+    f.reserved += size;
+    f.reserved_high = std::max(f.reserved_high, f.reserved);
+    publish(device, GMEM_STAT_reserved_bytes, int64_t(size));
+    publish(device, GMEM_STAT_chunks, 1);
+  }
+  return status;
+}
+
 CUresult VmmPool::map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out) {
   auto range = std::make_unique<Range>();
   std::size_t total = 0;
@@ -40,19 +106,64 @@ CUresult VmmPool::map_range(std::vector<vmm::Chunk> chunks, int device, std::uni
   for (std::size_t i = 0; status == CUDA_SUCCESS && i < chunks.size(); offset += chunks[i++].size()) {
     status = range->va.map(offset, chunks[i], device);
   }
-  if (status != CUDA_SUCCESS) {
-    if (offset) range->va.unmap(0, offset);
-    return status;
-  }
   range->chunks = std::move(chunks);
   range->device = device;
+  if (status != CUDA_SUCCESS) {
+    if (offset) range->va.unmap(0, offset);
+    drop_range(*range, false);
+    return status;
+  }
+  publish(device, GMEM_STAT_mappings, int64_t(range->chunks.size()));
+  if (range->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, 1);
   *out = std::move(range);
   return CUDA_SUCCESS;
 }
 
+void VmmPool::drop_range(Range& range, bool mapped) {
+  std::size_t bytes = 0;
+  for (const auto& c : range.chunks) bytes += c.size();
+  if (mapped) {
+    range.va.unmap(0, range.va.size());
+    publish(range.device, GMEM_STAT_mappings, -int64_t(range.chunks.size()));
+    if (range.chunks.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
+  }
+  devices_[range.device].figures.reserved -= bytes;
+  publish(range.device, GMEM_STAT_reserved_bytes, -int64_t(bytes));
+  publish(range.device, GMEM_STAT_chunks, -int64_t(range.chunks.size()));
+  range.chunks.clear();
+}
+
+bool VmmPool::release_empty_slabs(int device) {
+  Device& d = devices_[device];
+  bool released = false;
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    Range& r = *it->second;
+    auto& list = d.free_blocks[r.class_size];
+    auto in_slab = [&](const FreeBlock& b) { return b.base >= r.va.base() && b.base < r.va.base() + r.va.size(); };
+    bool empty = r.device == device && r.class_size && r.live == 0 &&
+                 std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || reusable(b.pending, 0); });
+    if (!empty) {
+      ++it;
+      continue;
+    }
+    std::erase_if(list, in_slab);
+    d.cached_bytes -= r.va.size();
+    drop_range(r, true);
+    it = ranges_.erase(it);
+    released = true;
+  }
+  return released;
+}
+
 CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>* out) {
   vmm::Chunk fresh;
-  CUresult status = vmm::Chunk::create(driver_, device, size, &fresh);
+  CUresult status = new_chunk(device, size, &fresh);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+    // The device is full: what the pool caches goes back first.
+    publish(device, GMEM_STAT_oom_releases, 1);
+    complete_pending_frees();
+    if (release_empty_slabs(device)) status = new_chunk(device, size, &fresh);
+  }
   if (status == CUDA_SUCCESS) {
     std::vector<vmm::Chunk> one;
     one.push_back(std::move(fresh));
@@ -60,83 +171,140 @@ CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>
   }
   if (status != CUDA_ERROR_OUT_OF_MEMORY) return status;
 
-  // The device is full: take cached ranges apart, largest first, and stitch
-  // their chunks, with new memory for what they do not cover.
+  // Take cached ranges apart, largest first, and stitch their chunks, with new
+  // memory for what they do not cover; unless even that cannot succeed, so a
+  // hopeless request leaves the cache as it was.
+  Device& d = devices_[device];
+  std::size_t free_bytes = 0, total = 0, stitchable = 0;
+  for (const auto& [bytes, r] : d.cached) stitchable += r->pending.event || r->pending.never ? 0 : bytes;
+  if (driver_.cuMemGetInfo_v2(&free_bytes, &total) != CUDA_SUCCESS || free_bytes + stitchable < size) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   std::vector<vmm::Chunk> stitched;
   std::size_t covered = 0;
-  auto& cached = cached_[device];
-  while (covered < size && !cached.empty()) {
-    auto largest = std::prev(cached.end());
-    Range* r = largest->second;
-    cached.erase(largest);
+  for (auto it = d.cached.end(); covered < size && it != d.cached.begin();) {
+    Range* r = (--it)->second;
+    if (r->pending.event || r->pending.never) continue;  // its free has not completed
+    d.cached_bytes -= r->va.size();
     r->va.unmap(0, r->va.size());
+    publish(device, GMEM_STAT_mappings, -int64_t(r->chunks.size()));
+    if (r->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, -1);
     for (auto& c : r->chunks) {
       covered += c.size();
       stitched.push_back(std::move(c));
     }
+    r->chunks.clear();
+    it = d.cached.erase(it);
     ranges_.erase(r->va.base());
   }
   if (covered < size) {
-    status = vmm::Chunk::create(driver_, device, size - covered, &fresh);
-    if (status != CUDA_SUCCESS) return status;  // the chunks taken go back to the driver
+    status = new_chunk(device, size - covered, &fresh);
+    if (status != CUDA_SUCCESS) {
+      // The chunks taken go back to the driver: the device is full either way.
+      Range gone;
+      gone.device = device;
+      gone.chunks = std::move(stitched);
+      drop_range(gone, false);
+      publish_free_figures(device);
+      return status;
+    }
     stitched.push_back(std::move(fresh));
   }
+  publish(device, GMEM_STAT_stitches, 1);
   return map_range(std::move(stitched), device, out);
 }
 
-CUresult VmmPool::alloc(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context) {
-  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
+                        bool quiet) {
+  if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
-  return size <= small_max ? alloc_small(dptr, size, device, context) : alloc_large(dptr, size, device, context);
+  quiet_ = quiet;
+  Device& d = device_state(device);
+  // More than the device holds (this also keeps the rounding below from wrapping).
+  if (size > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
+  Range* range = nullptr;
+  std::size_t index = 0;
+  CUresult status;
+  if (size <= small_max) {
+    const std::size_t class_size = std::bit_ceil(std::max(size, smallest_class));
+    status = take_block(class_size, d, device, stream, &range, &index);
+    *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
+  } else {
+    status = take_range(round_up(size, d.granularity), d, device, stream, &range);
+    if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->chunks.size())};
+  }
+  if (status == CUDA_SUCCESS) {
+    range->blocks[index] = *out;
+    ++range->live;
+    d.cached_bytes -= out->physical;
+    d.figures.used += out->physical;
+    d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
+    publish_free_figures(device);
+  }
+  return status;
 }
 
-CUresult VmmPool::alloc_small(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context) {
-  const std::size_t class_size = std::bit_ceil(std::max(size, smallest_class));
-  auto& free_list = free_blocks_[{device, class_size}];
-  if (free_list.empty()) {
+CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, StreamId stream, Range** range,
+                             std::size_t* index) {
+  auto& list = d.free_blocks[class_size];
+  // The most recently freed block this stream may use; a few are looked at.
+  auto found = list.end();
+  for (auto it = list.rbegin(); it != list.rend() && it - list.rbegin() < 8; ++it) {
+    if (reusable(it->pending, stream)) {
+      found = std::prev(it.base());
+      break;
+    }
+  }
+  if (found == list.end()) {
     std::unique_ptr<Range> slab;
-    if (CUresult status = new_range(std::max(slab_size, granularity(device)), device, &slab)) return status;
+    if (CUresult status = new_range(std::max(slab_size, d.granularity), device, &slab)) return status;
     slab->class_size = class_size;
     slab->blocks.resize(slab->va.size() / class_size);
-    for (std::size_t i = slab->blocks.size(); i-- > 0;) free_list.push_back(slab->va.base() + i * class_size);
+    // Lowest address last: handed out first.
+    for (std::size_t i = slab->blocks.size(); i-- > 0;) list.push_back({slab->va.base() + i * class_size, {}});
+    d.cached_bytes += slab->va.size();
     ranges_.emplace(slab->va.base(), std::move(slab));
+    found = list.end() - 1;
   }
-  CUdeviceptr ptr = free_list.back();
-  free_list.pop_back();
-  Range* slab = range_of(ptr);
-  slab->blocks[(ptr - slab->va.base()) / class_size] = Block{ptr, size, device, context};
-  *dptr = ptr;
+  *range = range_of(found->base);
+  *index = (found->base - (*range)->va.base()) / class_size;
+  list.erase(found);
   return CUDA_SUCCESS;
 }
 
-CUresult VmmPool::alloc_large(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context) {
-  const std::size_t rounded = round_up(size, granularity(device));
-  auto& cached = cached_[device];
-  Range* range = nullptr;
-  // A cached range that fits with at most 1/8 to spare.
-  if (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= rounded + rounded / 8) {
-    range = it->second;
-    cached.erase(it);
-  } else {
-    std::unique_ptr<Range> made;
-    if (CUresult status = new_range(rounded, device, &made)) return status;
-    range = made.get();
-    range->blocks.resize(1);
-    ranges_.emplace(range->va.base(), std::move(made));
+CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range) {
+  // A cached range this stream may use that fits with at most 1/8 to spare.
+  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= rounded + rounded / 8; ++it) {
+    if (reusable(it->second->pending, stream)) {
+      *range = it->second;
+      d.cached.erase(it);
+      return CUDA_SUCCESS;
+    }
   }
-  range->blocks[0] = Block{range->va.base(), size, device, context};
-  *dptr = range->va.base();
+  std::unique_ptr<Range> made;
+  if (CUresult status = new_range(rounded, device, &made)) return status;
+  made->blocks.resize(1);
+  d.cached_bytes += made->va.size();
+  *range = made.get();
+  ranges_.emplace(made->va.base(), std::move(made));
   return CUDA_SUCCESS;
 }
 
-void VmmPool::release(Range& range, std::size_t index) {
+void VmmPool::release(Range& range, std::size_t index, Pending pending) {
   Block& block = range.blocks[index];
+  Device& d = devices_[range.device];
+  d.figures.used -= block.physical;
   if (range.class_size) {
-    free_blocks_[{range.device, range.class_size}].push_back(block.base);
+    d.free_blocks[range.class_size].push_back({block.base, pending});
+    d.cached_bytes += range.class_size;
   } else {
-    cached_[range.device].emplace(range.va.size(), &range);
+    range.pending = pending;
+    d.cached.emplace(range.va.size(), &range);
+    d.cached_bytes += range.va.size();
   }
+  --range.live;
   block = Block{};
+  publish_free_figures(range.device);
 }
 
 std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {
@@ -152,7 +320,31 @@ std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {
   const std::size_t step = range->class_size ? range->class_size : range->va.size();
   const std::size_t index = (ptr - range->va.base()) / step;
   if (range->blocks[index].base != ptr || range->blocks[index].size == 0) return CUDA_ERROR_INVALID_VALUE;
-  release(*range, index);
+  release(*range, index, Pending{});
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> VmmPool::free_async(CUdeviceptr ptr, OrderedFree order, bool captured, bool quiet) {
+  std::lock_guard lock(mutex_);
+  quiet_ = quiet;
+  Range* range = range_of(ptr);
+  if (!range) return std::nullopt;
+  const std::size_t step = range->class_size ? range->class_size : range->va.size();
+  const std::size_t index = (ptr - range->va.base()) / step;
+  if (range->blocks[index].base != ptr || range->blocks[index].size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (captured) {
+    release(*range, index, Pending{order.id, nullptr, nullptr, true});
+    return CUDA_SUCCESS;
+  }
+  CUcontext context = nullptr;
+  driver_.cuCtxGetCurrent(&context);
+  Pending pending{order.id, take_event(context), context, false};
+  if (!pending.event) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (CUresult status = driver_.cuEventRecord(pending.event, order.stream)) {
+    recycle_event(pending);
+    return status;  // a bad stream: the allocation stays live, as in the driver
+  }
+  release(*range, index, pending);
   return CUDA_SUCCESS;
 }
 
@@ -168,23 +360,58 @@ std::optional<Block> VmmPool::find(CUdeviceptr ptr) const {
 
 std::size_t VmmPool::cached_bytes(int device) const {
   std::lock_guard lock(mutex_);
-  std::size_t bytes = 0;
-  if (auto it = cached_.find(device); it != cached_.end()) {
-    for (const auto& [size, range] : it->second) bytes += size;
+  auto it = devices_.find(device);
+  return it == devices_.end() ? 0 : it->second.cached_bytes;
+}
+
+VmmPool::Figures VmmPool::figures(int device) const {
+  std::lock_guard lock(mutex_);
+  auto it = devices_.find(device);
+  return it == devices_.end() ? Figures{} : it->second.figures;
+}
+
+void VmmPool::reset_high(int device, High which) {
+  std::lock_guard lock(mutex_);
+  Figures& f = devices_[device].figures;
+  if (which == High::reserved) f.reserved_high = f.reserved;
+  if (which == High::used) f.used_high = f.used;
+}
+
+void VmmPool::trim(int device, std::size_t keep) {
+  std::lock_guard lock(mutex_);
+  quiet_ = false;
+  Device& d = devices_[device];
+  release_empty_slabs(device);
+  for (auto it = d.cached.begin(); d.cached_bytes > keep && it != d.cached.end();) {
+    Range* r = it->second;
+    if (!reusable(r->pending, 0)) {
+      ++it;
+      continue;
+    }
+    it = d.cached.erase(it);
+    d.cached_bytes -= r->va.size();
+    drop_range(*r, true);
+    ranges_.erase(r->va.base());
   }
-  for (const auto& [key, list] : free_blocks_) {
-    if (key.first == device) bytes += key.second * list.size();
-  }
-  return bytes;
+  publish_free_figures(device);
 }
 
 void VmmPool::forget_context(CUcontext context) {
   std::lock_guard lock(mutex_);
   for (auto& [base, range] : ranges_) {
     for (std::size_t i = 0; i < range->blocks.size(); ++i) {
-      if (range->blocks[i].size && range->blocks[i].context == context) release(*range, i);
+      if (range->blocks[i].size && range->blocks[i].context == context) release(*range, i, Pending{});
     }
   }
+  // The context's events went with it; its work is over, so its frees are complete.
+  auto done = [&](Pending& p) {
+    if (p.context == context) p = Pending{};
+  };
+  for (auto& [device, d] : devices_) {
+    for (auto& [size, range] : d.cached) done(range->pending);
+    for (auto& [size, list] : d.free_blocks) std::for_each(list.begin(), list.end(), [&](FreeBlock& b) { done(b.pending); });
+  }
+  events_.erase(context);
 }
 
 }  // namespace gmem::pool

@@ -1,8 +1,14 @@
 // Device memory served from gmem's own physical chunks (cuMemCreate), mapped
 // through vmm/. Freed memory stays mapped and cached for reuse; when the device
-// is full, cached chunks are unmapped and stitched, with new memory for any
-// remainder, into one contiguous range for the request. Requests up to 1 MiB
-// are carved from 2 MiB slabs, one size class per slab.
+// is full, empty slabs go back to the driver and cached ranges are unmapped and
+// stitched, with new memory for any remainder, into one contiguous range for
+// the request. Requests up to 1 MiB are carved from 2 MiB slabs, one size class
+// per slab.
+//
+// Reuse follows the driver's rules: memory freed by cuMemFree is reusable at
+// once (the free waited for the device); memory freed by cuMemFreeAsync is
+// reusable at once on the stream of the free, and on other streams once an
+// event recorded at the free has completed.
 #pragma once
 
 #include <cuda.h>
@@ -11,8 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
+#include "pool/publisher.h"
 #include "vmm/memory.h"
 
 namespace gmem::pool {
@@ -23,51 +31,119 @@ struct Block {
   std::size_t size = 0;  // as requested
   int device = -1;
   CUcontext context = nullptr;
+  std::size_t physical = 0;  // bytes of physical memory set aside for it
+  uint16_t chunks = 0;       // chunks mapped for it alone; 0: part of a shared slab
+};
+
+// The stream a request is ordered on: 0 for none (cuMemAlloc / cuMemFree),
+// otherwise an identity that tells streams apart (see Pool::stream_identity).
+using StreamId = uint64_t;
+
+// A stream-ordered free: where it is recorded, and the identity of its stream.
+struct OrderedFree {
+  CUstream stream = nullptr;  // as the driver understands it
+  StreamId id = 0;
 };
 
 class VmmPool {
  public:
-  explicit VmmPool(const vmm::Driver& driver) : driver_(driver) {}
+  VmmPool(const vmm::Driver& driver, Publisher* publisher) : driver_(driver), publisher_(publisher) {}
 
-  CUresult alloc(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context);
+  // `stream`: the identity of the stream the memory is first used on (0: any).
+  // `quiet`: a stream capture is under way, which a query of an event or a
+  // wait for the device could disturb; only memory known free is reused.
+  CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
+  // `captured`: the free is part of a graph capture, so it happens whenever the
+  // graph runs; the memory is never reused.
+  std::optional<CUresult> free_async(CUdeviceptr ptr, OrderedFree order, bool captured, bool quiet);
   // The live allocation holding `ptr`; nullopt if `ptr` is not pool memory.
   // A pool address with no live allocation gives a Block of size 0.
   std::optional<Block> find(CUdeviceptr ptr) const;
   // Memory the pool holds but no allocation uses, on `device`.
   std::size_t cached_bytes(int device) const;
+  // What the pool holds on `device` (physical memory) and what of it is in use,
+  // with their highest values since the last reset.
+  struct Figures {
+    std::size_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  };
+  Figures figures(int device) const;
+  enum class High { reserved, used };
+  void reset_high(int device, High which);
+  // Gives cached memory whose frees have completed back to the driver until at
+  // most `keep` bytes stay cached on `device`.
+  void trim(int device, std::size_t keep);
   // A destroyed context's allocations become free (no kernel can touch them).
   void forget_context(CUcontext context);
 
   static constexpr std::size_t small_max = 1 << 20;
 
  private:
+  // When freed memory may be handed out again.
+  struct Pending {
+    StreamId stream = 0;          // the stream of the free; 0: none
+    CUevent event = nullptr;      // completes with the free; null: reusable on any stream
+    CUcontext context = nullptr;  // the event's
+    bool never = false;           // freed inside a graph: not reusable
+  };
   struct Range {
     vmm::Reservation va;
     std::vector<vmm::Chunk> chunks;
     int device = -1;
-    std::size_t class_size = 0;        // slabs: the block size; 0 for a whole-range allocation
-    std::vector<Block> blocks;         // one per class_size block, or one; size 0 when free
+    std::size_t class_size = 0;  // slabs: the block size; 0 for a whole-range allocation
+    std::vector<Block> blocks;   // one per class_size block, or one; size 0 when free
+    std::size_t live = 0;        // blocks in use
+    Pending pending;             // whole ranges, while free
+  };
+  struct FreeBlock {
+    CUdeviceptr base;
+    Pending pending;
+  };
+  struct Device {
+    std::multimap<std::size_t, Range*> cached;                // free whole ranges, by size
+    std::map<std::size_t, std::vector<FreeBlock>> free_blocks;  // by class size
+    std::size_t granularity = 0;
+    std::size_t total = 0;  // the device's memory
+    std::size_t cached_bytes = 0;
+    Figures figures;
   };
 
-  CUresult alloc_small(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context);
-  CUresult alloc_large(CUdeviceptr* dptr, std::size_t size, int device, CUcontext context);
-  // A new mapped range of at least `size` bytes on `device`, from new memory
-  // or, when the device is full, from cached ranges stitched together.
+  // A free block of a slab of `class_size`, or a new slab's first.
+  CUresult take_block(std::size_t class_size, Device& d, int device, StreamId stream, Range** range,
+                      std::size_t* index);
+  // A free whole range of at least `rounded` bytes, cached or new.
+  CUresult take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range);
+  // A new mapped range of at least `size` bytes on `device`, from new memory or,
+  // when the device is full, from cached memory given back or stitched.
   CUresult new_range(std::size_t size, int device, std::unique_ptr<Range>* out);
+  CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out);
   CUresult map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out);
-  std::size_t granularity(int device);
+  // Gives the driver back the chunks of `range` (unmapping them first if `mapped`).
+  void drop_range(Range& range, bool mapped);
+  // Empty slabs whose frees have completed go back to the driver; true if any did.
+  bool release_empty_slabs(int device);
+  // Whether memory freed as `pending` may serve a request ordered on `stream`;
+  // once the free is known complete, `pending` is cleared.
+  bool reusable(Pending& pending, StreamId stream);
+  CUevent take_event(CUcontext context);
+  void recycle_event(Pending& pending);
+  // Waits for every pending free (the out-of-memory path only).
+  void complete_pending_frees();
+  Device& device_state(int device);
   const Range* range_of(CUdeviceptr ptr) const;
   Range* range_of(CUdeviceptr ptr);
-  void release(Range& range, std::size_t index);
+  void release(Range& range, std::size_t index, Pending pending);
+  void publish(int device, gmem_device_stat stat, int64_t delta);
+  void publish_free_figures(int device);
 
   const vmm::Driver& driver_;
+  Publisher* const publisher_;
   mutable std::mutex mutex_;
-  std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;             // by base address
-  std::map<int, std::multimap<std::size_t, Range*>> cached_;         // free whole ranges, by size
-  std::map<std::pair<int, std::size_t>, std::vector<CUdeviceptr>> free_blocks_;  // (device, class)
-  std::map<int, std::size_t> granularity_;
+  bool quiet_ = false;  // the current call's, under mutex_
+  std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
+  std::map<int, Device> devices_;
+  std::unordered_map<CUcontext, std::vector<CUevent>> events_;  // unused events, by context
 };
 
 }  // namespace gmem::pool

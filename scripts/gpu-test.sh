@@ -186,9 +186,13 @@ for b in "${benches[@]}"; do
   [[ $name == bench* ]] || name=bench-$name
   [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$b" "$shim" "$real"
 done
+# Every pair a pool hit: the pool's cost against the driver's alloc and free.
+step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \
+  GMEM_BENCH_PREFIX=pool_hit_ "$carry/bench/bench-shim"
 
-# Last, as the time budget cuts from the end: training with the experimental VMM pool.
-step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators default
+# Last, as the time budget cuts from the end: training with the VMM pool serving
+# every tensor (cudaMallocAsync) and torch's segments (default).
+step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators async default
 
 {
   echo

@@ -36,7 +36,17 @@ namespace gmem::vmm {
   X(cuMemAddressReserve, cuMemAddressReserve)                   \
   X(cuMemAddressFree, cuMemAddressFree)                         \
   X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity) \
-  X(cuCtxSynchronize, cuCtxSynchronize)
+  X(cuCtxSynchronize, cuCtxSynchronize)                         \
+  X(cuEventCreate, cuEventCreate)                               \
+  X(cuEventRecord, cuEventRecord)                               \
+  X(cuEventQuery, cuEventQuery)                                 \
+  X(cuStreamIsCapturing, cuStreamIsCapturing)                   \
+  X(cuStreamIsCapturing_ptsz, cuStreamIsCapturing)              \
+  X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)       \
+  X(cuDeviceTotalMem_v2, cuDeviceTotalMem_v2)                   \
+  X(cuMemPoolGetAttribute, cuMemPoolGetAttribute)               \
+  X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
+  X(cuMemPoolTrimTo, cuMemPoolTrimTo)
 
 struct Driver {
 #define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;

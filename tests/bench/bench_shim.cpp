@@ -1,7 +1,10 @@
 // The shim's cost, against the real driver in the same process: a forwarded
-// call, and an intercepted alloc+free pair. Run it with libcuda.so.1 resolving
-// to the shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to
-// the real driver the shim loaded. Prints BENCH lines.
+// call, and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
+// cuMemAllocAsync/cuMemFreeAsync). Run it with libcuda.so.1 resolving to the
+// shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to the real
+// driver the shim loaded. Prints BENCH lines, names prefixed by
+// $GMEM_BENCH_PREFIX (e.g. pool_hit_ when run with GMEM_CONF=pool:vmm, where
+// every pair is a pool hit).
 #include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
@@ -9,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -53,8 +57,12 @@ double median(std::vector<double> v) {
 // Rounds through the shim and straight to the driver alternate, so that drift
 // in the driver's own cost falls on both; the overhead is the median of the
 // per-pair differences. Prints the figures in `scale` ns units.
+std::string prefix;
+
 template <typename Shim, typename Native>
-void compare(const char* name, long calls, Shim&& shim, Native&& native, double scale, const char* unit) {
+void compare(const std::string& bare_name, long calls, Shim&& shim, Native&& native, double scale, const char* unit) {
+  const std::string full_name = prefix + bare_name;
+  const char* name = full_name.c_str();
   std::vector<double> with, without, difference;
   for (int r = 0; r < 15; ++r) {
     with.push_back(round_ns(calls, shim));
@@ -69,6 +77,7 @@ void compare(const char* name, long calls, Shim&& shim, Native&& native, double 
 }  // namespace
 
 int main() {
+  if (const char* p = getenv("GMEM_BENCH_PREFIX")) prefix = p;
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
@@ -84,6 +93,8 @@ int main() {
   auto real_get_current = reinterpret_cast<decltype(&cuCtxGetCurrent)>(dlsym(real, "cuCtxGetCurrent"));
   auto real_alloc = reinterpret_cast<decltype(&cuMemAlloc_v2)>(dlsym(real, "cuMemAlloc_v2"));
   auto real_free = reinterpret_cast<decltype(&cuMemFree_v2)>(dlsym(real, "cuMemFree_v2"));
+  auto real_alloc_async = reinterpret_cast<decltype(&cuMemAllocAsync)>(dlsym(real, "cuMemAllocAsync"));
+  auto real_free_async = reinterpret_cast<decltype(&cuMemFreeAsync)>(dlsym(real, "cuMemFreeAsync"));
 
   // Through a volatile pointer, so that both calls are indirect calls the
   // compiler cannot fold; the difference is the shim's jump.
@@ -92,16 +103,26 @@ int main() {
   auto* volatile real_fn = real_get_current;
   compare("forwarded_call", 10000000, [&] { shim_fn(&out); }, [&] { real_fn(&out); }, 1, "ns");
 
+  CUstream stream = nullptr;
+  if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)) return 1;
+  bool failed = false;
   for (auto [name, size, calls] : {std::tuple{"alloc_free_2MiB", size_t{2} << 20, 1000L},
                                    std::tuple{"alloc_free_1GiB", size_t{1} << 30, 100L}}) {
     CUdeviceptr p;
-    bool failed = false;
     compare(name, calls, [&] { failed |= cuMemAlloc_v2(&p, size) || cuMemFree_v2(p); },
             [&] { failed |= real_alloc(&p, size) || real_free(p); }, 1000, "us");
-    if (failed) {
-      fprintf(stderr, "bench_shim: %s failed\n", name);
-      return 1;
-    }
+  }
+  // Stream-ordered pairs on one stream: what PyTorch's cudaMallocAsync backend does per tensor.
+  for (auto [name, size, calls] : {std::tuple{"alloc_free_async_4KiB", size_t{4} << 10, 10000L},
+                                   std::tuple{"alloc_free_async_2MiB", size_t{2} << 20, 10000L},
+                                   std::tuple{"alloc_free_async_1GiB", size_t{1} << 30, 1000L}}) {
+    CUdeviceptr p;
+    compare(name, calls, [&] { failed |= cuMemAllocAsync(&p, size, stream) || cuMemFreeAsync(p, stream); },
+            [&] { failed |= real_alloc_async(&p, size, stream) || real_free_async(p, stream); }, 1, "ns");
+  }
+  if (failed || cuStreamSynchronize(stream) || cuStreamDestroy_v2(stream)) {
+    fprintf(stderr, "bench_shim: an allocation call failed\n");
+    return 1;
   }
   cuDevicePrimaryCtxRelease_v2(dev);
   return 0;

@@ -162,6 +162,55 @@ TEST_F(Driver, BadFreesAreRefused) {
   EXPECT_EQ(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);  // double free
 }
 
+// verify on GPU: stream-ordered frees are checked like cuMemFree; memory from
+// cuMemAlloc may be freed on a stream (CUDA programming guide, stream ordered
+// memory allocator); a free with another context current still frees.
+TEST_F(Driver, StreamOrderedBadFreesAreRefused) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr p = 0, q = 0;
+  EXPECT_EQ(cuMemAllocAsync(&p, 0, stream), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cuMemAllocAsync(&p, 2 * mib, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(p + 4096, stream), CUDA_ERROR_INVALID_VALUE);  // interior pointer
+  ASSERT_EQ(cuMemFreeAsync(p, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(p, stream), CUDA_ERROR_INVALID_VALUE);  // double free
+  ASSERT_EQ(cuMemAlloc_v2(&q, 2 * mib), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(q, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(q), CUDA_ERROR_INVALID_VALUE);
+
+  CUcontext other = nullptr;
+  ASSERT_EQ(cuMemAlloc_v2(&q, 2 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxCreate(&other, nullptr, 0, dev_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(q), CUDA_SUCCESS);
+  EXPECT_EQ(cuCtxDestroy_v2(other), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(q), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+// verify on GPU: sizes no device holds, up to 2^64 - 1, are out of memory.
+TEST_F(Driver, HopelessSizesAreOutOfMemory) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (std::size_t size : {~std::size_t{0}, ~std::size_t{0} - 4096, std::size_t{1} << 63, std::size_t{1} << 45}) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(cuMemAlloc_v2(&p, size), CUDA_ERROR_OUT_OF_MEMORY) << size;
+    EXPECT_EQ(cuMemAllocAsync(&p, size, stream), CUDA_ERROR_OUT_OF_MEMORY) << size;
+  }
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+// verify on GPU: only VMM mappings have an allocation handle to retain.
+TEST_F(Driver, OrdinaryMemoryHasNoAllocationHandle) {
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, 2 * mib), CUDA_SUCCESS);
+  CUmemGenericAllocationHandle handle = 0;
+  EXPECT_EQ(cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(p)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
 TEST_F(Driver, OutOfMemory) {
   std::size_t free_bytes = 0, total = 0;
   ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);

@@ -187,6 +187,7 @@ EMU_API CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 EMU_API CUresult cuCtxSynchronize() {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
+  complete_events(all_streams);
   trim_pools();
   return CUDA_SUCCESS;
 }

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <cstring>
+
 #include "emu.h"
 
 namespace emu {
@@ -76,6 +78,8 @@ EMU_API CUresult cuInit(unsigned int flags) {
   int devices = count && *count ? std::atoi(count) : 1;
   if (devices <= 0) return CUDA_ERROR_NO_DEVICE;
   std::size_t memory = parse_size("GMEM_EMU_DEVICE_MEMORY", std::size_t{4} << 30);
+  const char* hold = std::getenv("GMEM_EMU_HOLD_EVENTS");
+  s.hold_events = hold && std::strcmp(hold, "1") == 0;
   s.devices.resize(static_cast<std::size_t>(devices));
   for (std::size_t i = 0; i < s.devices.size(); ++i) {
     Device& d = s.devices[i];

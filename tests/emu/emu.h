@@ -78,6 +78,7 @@ struct Event {
   unsigned flags = 0;
   bool recorded = false;
   std::chrono::steady_clock::time_point when{};
+  CUstream stream = nullptr;  // held: recorded on it, not complete until it is synchronized
 };
 
 struct Device {
@@ -101,11 +102,19 @@ struct State {
   std::set<Context*> contexts;  // created ones; destroyed ones stay, dead
   std::set<Stream*> streams;
   std::set<Event*> events;
+  // GMEM_EMU_HOLD_EVENTS=1: a recorded event stays incomplete (as if the GPU
+  // were busy) until its stream, the context or the event is synchronized.
+  bool hold_events = false;
   CUmemGenericAllocationHandle next_handle = 0x1000;
   unsigned long long next_buffer_id = 1;
 };
 
 State& state();
+
+// The work queued on `stream` completes (held events complete); under the
+// state mutex. all_streams: every stream's.
+inline const CUstream all_streams = reinterpret_cast<CUstream>(~std::uintptr_t{0});
+void complete_events(CUstream stream);
 
 // The calling thread's context stack; its top is the current context.
 std::vector<Context*>& context_stack();

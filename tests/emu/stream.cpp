@@ -1,6 +1,7 @@
 // Streams and events of the emulator. Work runs when it is enqueued, so every
 // stream is idle, stream order holds trivially, and an event completes when it
-// is recorded. Handles are checked, as the driver checks them.
+// is recorded, unless GMEM_EMU_HOLD_EVENTS=1 holds it until a synchronization.
+// Handles are checked, as the driver checks them.
 #include "emu.h"
 
 namespace emu {
@@ -8,6 +9,12 @@ namespace emu {
 bool valid_stream(CUstream stream) {
   return !stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
          state().streams.count(reinterpret_cast<Stream*>(stream));
+}
+
+void complete_events(CUstream stream) {
+  for (Event* e : state().events) {
+    if (stream == all_streams || e->stream == (stream ? stream : CU_STREAM_LEGACY)) e->stream = nullptr;
+  }
 }
 
 namespace {
@@ -54,6 +61,7 @@ EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
 EMU_API CUresult cuStreamSynchronize(CUstream stream) {
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
+  complete_events(stream);
   trim_pools();
   return CUDA_SUCCESS;
 }
@@ -134,6 +142,7 @@ EMU_API CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   e->recorded = true;
   e->when = std::chrono::steady_clock::now();
+  e->stream = state().hold_events ? (stream ? stream : CU_STREAM_LEGACY) : nullptr;
   return CUDA_SUCCESS;
 }
 
@@ -143,13 +152,17 @@ EMU_API CUresult cuEventRecord(CUevent event, CUstream stream) { return cuEventR
 EMU_API CUresult cuEventQuery(CUevent event) {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
-  return find_event(event) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  Event* e = find_event(event);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  return e->stream ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuEventSynchronize(CUevent event) {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
-  if (!find_event(event)) return CUDA_ERROR_INVALID_HANDLE;
+  Event* e = find_event(event);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  e->stream = nullptr;
   trim_pools();
   return CUDA_SUCCESS;
 }

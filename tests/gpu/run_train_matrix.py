@@ -121,12 +121,13 @@ def matrix(args):
 
 
 def bench(args):
-    """Median step time with and without the shim, 3 runs each, interleaved;
-    returns the number of failed runs."""
+    """Median step time with and without the shim, 3 runs each, interleaved,
+    under the first of --allocators; returns the number of failed runs."""
     failures, times = 0, {"native": [], "preload": []}
+    allocator = args.allocators[0]
     for i in range(3):
         for loading, into in times.items():
-            r = run(f"bench-{i}-{loading}", args, "default", loading)
+            r = run(f"bench-{i}-{loading}", args, allocator, loading)
             if r["ok"]:
                 into.append(r["median_step_ms"])
             else:
@@ -134,7 +135,8 @@ def bench(args):
                 failures += 1
     if times["native"] and times["preload"]:
         shim, native = statistics.median(times["preload"]), statistics.median(times["native"])
-        name = "train_step" + "".join("_" + re.sub(r"\W", "_", c) for c in args.conf.split(",") if c)
+        settings = args.conf.split(",") + ([ALLOCATORS[allocator]] if ALLOCATORS[allocator] else [])
+        name = "train_step" + "".join("_" + re.sub(r"\W", "_", c) for c in settings if c)
         print(f"runs (ms): shim {times['preload']}, native {times['native']}")
         print(f"BENCH {name}_ms {shim:.3f} ms")
         print(f"BENCH {name}_ms_native {native:.3f} ms")

@@ -1,0 +1,267 @@
+// The VMM pool's promises, checked through the driver API on the emulated
+// driver with events held until synchronized (GMEM_EMU_HOLD_EVENTS=1, as if
+// the GPU were busy): when freed memory is handed out again, what bad input
+// does (the driver's error, the pool unchanged), and the published figures.
+#include <cuda.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gmem/stats.h"
+
+namespace {
+
+constexpr std::size_t mib = 1 << 20;
+std::string stats_dir;
+
+// This process's stats file, as gmemd sees it.
+class OwnStats {
+ public:
+  OwnStats() {
+    std::string path = stats_dir + "/" GMEM_STATS_FILE_PREFIX + std::to_string(getpid());
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    bytes_ = static_cast<std::size_t>(lseek(fd, 0, SEEK_END));
+    void* map = mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map != MAP_FAILED) map_ = static_cast<const char*>(map);
+  }
+  ~OwnStats() {
+    if (map_) munmap(const_cast<char*>(map_), bytes_);
+  }
+  bool ok() const { return map_ && header().magic == GMEM_STATS_MAGIC && header().version == GMEM_STATS_VERSION; }
+  const gmem_stats_header& header() const { return *reinterpret_cast<const gmem_stats_header*>(map_); }
+  uint64_t device(int d, gmem_device_stat stat) const {
+    auto* devices = reinterpret_cast<const gmem_device_stats*>(map_ + header().device_offset);
+    return __atomic_load_n(&devices[d].slots[stat], __ATOMIC_RELAXED);
+  }
+  // Live placement entries (size != 0), read with the sequence lock.
+  std::vector<gmem_placement> placements() const {
+    std::vector<gmem_placement> out;
+    auto* table = reinterpret_cast<const gmem_placement*>(map_ + header().placement_offset);
+    for (uint32_t i = 0; i < header().placement_capacity; ++i) {
+      uint64_t before = __atomic_load_n(&table[i].sequence, __ATOMIC_ACQUIRE);
+      if (before == 0) continue;
+      gmem_placement copy = table[i];
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      if (before % 2 == 0 && __atomic_load_n(&table[i].sequence, __ATOMIC_RELAXED) == before && copy.size) {
+        out.push_back(copy);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const char* map_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// The figures a bad call must leave as they were.
+std::vector<uint64_t> pool_figures() {
+  OwnStats s;
+  std::vector<uint64_t> out;
+  for (auto stat : {GMEM_STAT_reserved_bytes, GMEM_STAT_in_use_bytes, GMEM_STAT_cached_free_bytes,
+                    GMEM_STAT_allocations, GMEM_STAT_frees, GMEM_STAT_mappings, GMEM_STAT_chunks}) {
+    out.push_back(s.device(0, stat));
+  }
+  return out;
+}
+
+class Pool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    ASSERT_EQ(cuStreamCreate(&s1_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(cuStreamCreate(&s2_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    // Each test starts with nothing cached, so which block is reused is known.
+    CUmemoryPool mempool = nullptr;
+    ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+    ASSERT_EQ(OwnStats().device(0, GMEM_STAT_cached_free_bytes), 0u);
+  }
+  void TearDown() override {
+    EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(cuStreamDestroy_v2(s1_), CUDA_SUCCESS);
+    EXPECT_EQ(cuStreamDestroy_v2(s2_), CUDA_SUCCESS);
+    EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  }
+  CUdeviceptr alloc_on(CUstream s, std::size_t size) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(cuMemAllocAsync(&p, size, s), CUDA_SUCCESS);
+    return p;
+  }
+  CUcontext ctx_ = nullptr;
+  CUstream s1_ = nullptr, s2_ = nullptr;
+};
+
+class Sizes : public Pool, public ::testing::WithParamInterface<std::size_t> {};
+
+TEST_P(Sizes, AFreeOnAStreamIsReusableAtOnceOnThatStream) {
+  CUdeviceptr p = alloc_on(s1_, GetParam());
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  CUdeviceptr q = alloc_on(s1_, GetParam());
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(cuMemFreeAsync(q, s1_), CUDA_SUCCESS);
+}
+
+TEST_P(Sizes, OtherStreamsWaitUntilTheFreeHasCompleted) {
+  CUdeviceptr p = alloc_on(s1_, GetParam());
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  CUdeviceptr q = alloc_on(s2_, GetParam());
+  EXPECT_NE(q, p) << "reused on another stream before the free completed";
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  CUdeviceptr r = alloc_on(s2_, GetParam());
+  EXPECT_EQ(r, p) << "not reused once the free completed";
+  EXPECT_EQ(cuMemFreeAsync(q, s2_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(r, s2_), CUDA_SUCCESS);
+}
+
+TEST_P(Sizes, ASynchronousFreeIsReusableOnAnyStream) {
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, GetParam()), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+  EXPECT_EQ(alloc_on(s2_, GetParam()), p);
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+// cuMemFreeAsync of cuMemAlloc memory is allowed (the CUDA programming guide,
+// stream ordered allocator), and ordered like any other.
+TEST_P(Sizes, MemoryFromCuMemAllocMayBeFreedOnAStream) {
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, GetParam()), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  CUdeviceptr q = alloc_on(s2_, GetParam());
+  EXPECT_NE(q, p);
+  EXPECT_EQ(alloc_on(s1_, GetParam()), p);
+  EXPECT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(q, s2_), CUDA_SUCCESS);
+}
+
+TEST_P(Sizes, BadFreesGetTheDriversErrorAndChangeNothing) {
+  CUdeviceptr p = alloc_on(s1_, GetParam());
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  const std::vector<uint64_t> before = pool_figures();
+  EXPECT_EQ(cuMemFreeAsync(p + 256, s1_), CUDA_ERROR_INVALID_VALUE);  // interior pointer
+  EXPECT_EQ(cuMemFree_v2(p + 256), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemFreeAsync(p, reinterpret_cast<CUstream>(0x1234)), CUDA_ERROR_INVALID_HANDLE);  // bad stream
+  EXPECT_EQ(pool_figures(), before);
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  const std::vector<uint64_t> freed = pool_figures();
+  EXPECT_EQ(cuMemFreeAsync(p, s1_), CUDA_ERROR_INVALID_VALUE);  // double free
+  EXPECT_EQ(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(pool_figures(), freed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Pool, Sizes, ::testing::Values(std::size_t{4096}, 3 * mib + 1, 64 * mib),
+                         [](const auto& info) { return std::to_string(info.param) + "B"; });
+
+TEST_F(Pool, HopelessSizesAreOutOfMemoryAndKeepTheCache) {
+  CUdeviceptr kept = alloc_on(s1_, 64 * mib);
+  ASSERT_EQ(cuMemFreeAsync(kept, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  const std::vector<uint64_t> before = pool_figures();
+  for (std::size_t size : {~std::size_t{0}, ~std::size_t{0} - 4096, std::size_t{1} << 63, std::size_t{1} << 45}) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(cuMemAllocAsync(&p, size, s1_), CUDA_ERROR_OUT_OF_MEMORY) << size;
+    EXPECT_EQ(cuMemAlloc_v2(&p, size), CUDA_ERROR_OUT_OF_MEMORY) << size;
+  }
+  EXPECT_EQ(pool_figures(), before);
+  EXPECT_EQ(alloc_on(s1_, 64 * mib), kept) << "the cached range was taken apart";
+  EXPECT_EQ(cuMemFreeAsync(kept, s1_), CUDA_SUCCESS);
+}
+
+TEST_F(Pool, PublishesWhatTheProgramHolds) {
+  OwnStats stats;
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats.header().pid, getpid());
+  EXPECT_NE(std::string(stats.header().command).find("pool-semantics"), std::string::npos);
+  const uint64_t in_use = stats.device(0, GMEM_STAT_in_use_bytes);
+  CUdeviceptr small = alloc_on(s1_, 1000), large = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&large, 5 * mib), CUDA_SUCCESS);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), in_use + 5 * mib + 1000);
+  EXPECT_GE(stats.device(0, GMEM_STAT_reserved_bytes),
+            stats.device(0, GMEM_STAT_in_use_bytes) + stats.device(0, GMEM_STAT_cached_free_bytes) - 1024);
+  EXPECT_GE(stats.device(0, GMEM_STAT_peak_in_use_bytes), stats.device(0, GMEM_STAT_in_use_bytes));
+  int seen = 0;
+  for (const gmem_placement& e : stats.placements()) {
+    if (e.base == small) {
+      ++seen;
+      EXPECT_EQ(e.size, 1000u);
+      EXPECT_EQ(e.kind, GMEM_KIND_ASYNC);
+      EXPECT_EQ(e.physical, 1024u);  // its size class
+    }
+    if (e.base == large) {
+      ++seen;
+      EXPECT_EQ(e.size, 5 * mib);
+      EXPECT_EQ(e.kind, GMEM_KIND_DEVICE);
+      EXPECT_EQ(e.physical % (2 * mib), 0u);
+      EXPECT_GE(e.chunks, 1u);
+    }
+    EXPECT_EQ(e.tier, GMEM_TIER_DEVICE);
+    EXPECT_EQ(e.device, 0);
+  }
+  EXPECT_EQ(seen, 2);
+  ASSERT_EQ(cuMemFreeAsync(small, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFree_v2(large), CUDA_SUCCESS);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), in_use);
+  for (const gmem_placement& e : stats.placements()) EXPECT_TRUE(e.base != small && e.base != large);
+}
+
+// What cuMemAllocAsync's pool reports includes gmem's pool, and trimming it
+// gives the cached memory back.
+TEST_F(Pool, TheDefaultMemoryPoolTellsTheTruthAboutGmemsPool) {
+  CUmemoryPool mempool = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+  auto figure = [&](CUmemPool_attribute a) {
+    cuuint64_t value = 0;
+    EXPECT_EQ(cuMemPoolGetAttribute(mempool, a, &value), CUDA_SUCCESS);
+    return value;
+  };
+  const cuuint64_t used = figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  CUdeviceptr p = alloc_on(s1_, 6 * mib);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used + 6 * mib);
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), used + 6 * mib);
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
+  // A free that has not completed is not given back.
+  ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+  EXPECT_GE(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 6 * mib);
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+  EXPECT_EQ(figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0u);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_reserved_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_chunks), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_mappings), 0u);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  char dir[] = "/tmp/gmem-pool-semantics-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  stats_dir = dir;
+  std::string conf = "pool:vmm,stats_dir:" + stats_dir;
+  setenv("GMEM_CONF", conf.c_str(), 1);
+  setenv("GMEM_EMU_HOLD_EVENTS", "1", 1);
+  // Runs after the shim's own exit handler (registered later, at the first
+  // CUDA call), which must have removed the stats file.
+  atexit([] {
+    if (rmdir(stats_dir.c_str()) != 0) {
+      fprintf(stderr, "pool-semantics: the stats file was not removed at exit\n");
+      _exit(1);
+    }
+  });
+  return RUN_ALL_TESTS();
+}
