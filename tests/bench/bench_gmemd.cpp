@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < processes; ++i) {
     publishers.push_back(std::make_unique<gmem::test::Background>(
         std::vector<std::string>{argv[2], dir, "2", "16"}));
-    publishers.back()->first_line();
+    publishers.back()->read_line();
   }
   gmem::test::Background gmemd({argv[1], "--socket", socket, "--stats-dir", dir});
   auto stub = gmem::v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));

@@ -56,21 +56,30 @@ Finished run_command(const std::vector<std::string>& argv, const std::vector<std
   return result;
 }
 
-Background::Background(const std::vector<std::string>& argv, const std::string& err_path) {
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return;
+Background::Background(const std::vector<std::string>& argv, const std::string& err_path,
+                       const std::vector<std::string>& env) {
+  int output[2], input[2];
+  if (pipe2(output, O_CLOEXEC) != 0 || pipe2(input, O_CLOEXEC) != 0) return;
   pid_ = fork();
   if (pid_ == 0) {
-    dup2(pipe_fds[1], 1);
+    dup2(input[0], 0);
+    dup2(output[1], 1);
     int err = open(err_path.empty() ? "/dev/null" : err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
     dup2(err, 2);
-    exec(argv, {});
+    exec(argv, env);
   }
-  close(pipe_fds[1]);
-  out_ = pipe_fds[0];
+  close(output[1]);
+  close(input[0]);
+  out_ = output[0];
+  in_ = input[1];
 }
 
-std::string Background::first_line() {
+void Background::close_input() {
+  if (in_ >= 0) close(in_);
+  in_ = -1;
+}
+
+std::string Background::read_line() {
   std::string line;
   char c;
   while (read(out_, &c, 1) == 1 && c != '\n') line += c;
@@ -88,6 +97,7 @@ int Background::stop(int sig) {
 
 Background::~Background() {
   stop(SIGKILL);
+  close_input();
   if (out_ >= 0) close(out_);
 }
 

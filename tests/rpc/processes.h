@@ -20,20 +20,23 @@ Finished run_command(const std::vector<std::string>& argv, const std::vector<std
 
 class Background {
  public:
-  // Starts argv with stdout on a pipe (first_line() reads from it) and
-  // stderr appended to `err_path` (or discarded).
-  Background(const std::vector<std::string>& argv, const std::string& err_path = "");
+  // Starts argv with stdin and stdout on pipes (read_line() reads its output,
+  // close_input() ends its input), stderr appended to `err_path` (or
+  // discarded), and `env` (NAME=VALUE) added to its environment.
+  Background(const std::vector<std::string>& argv, const std::string& err_path = "",
+             const std::vector<std::string>& env = {});
   ~Background();
   Background(const Background&) = delete;
   Background& operator=(const Background&) = delete;
   pid_t pid() const { return pid_; }
-  std::string first_line();
+  std::string read_line();
+  void close_input();
   // Sends `sig` and reaps; returns the exit status as run_command reports it.
   int stop(int sig);
 
  private:
   pid_t pid_ = -1;
-  int out_ = -1;
+  int out_ = -1, in_ = -1;
 };
 
 }  // namespace gmem::test
