@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <grpcpp/server_posix.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -45,10 +44,9 @@ std::unique_ptr<UnixListener> UnixListener::bind(const std::string& path, std::s
   sockaddr_un addr{};
   if (!address_of(path, &addr, problem) || !make_socket_dir(path, problem)) return nullptr;
   std::unique_ptr<UnixListener> listener(new UnixListener);
-  listener->path_ = path;
-  listener->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listener->fd_ < 0) {
-    *problem = std::string("socket: ") + strerror(errno);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 || !listener->loop_.adopt(fd, problem)) {
+    if (fd < 0) *problem = std::string("socket: ") + strerror(errno);
     return nullptr;
   }
   // Someone answering there is a live server; a file nobody answers on is stale.
@@ -67,55 +65,25 @@ std::unique_ptr<UnixListener> UnixListener::bind(const std::string& path, std::s
     }
     unlink(path.c_str());
   }
-  if (::bind(listener->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(listener->fd_, 128) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 128) != 0) {
     *problem = "cannot listen on " + path + ": " + strerror(errno);
     return nullptr;
   }
+  listener->path_ = path;
   chmod(path.c_str(), 0666);
-  if (pipe2(listener->wake_, O_CLOEXEC) != 0) {
-    *problem = std::string("pipe: ") + strerror(errno);
-    return nullptr;
-  }
   return listener;
 }
 
 void UnixListener::start(grpc::Server* server) {
-  thread_ = std::thread([this, server] { run(server); });
-}
-
-void UnixListener::run(grpc::Server* server) {
-  pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-  for (;;) {
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents) return;
-    int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (client < 0) {
-      // Out of descriptors: back off instead of spinning on the pending connection.
-      if (errno == EMFILE || errno == ENFILE) poll(nullptr, 0, 100);
-      continue;
-    }
-    grpc::AddInsecureChannelFromFd(server, client);
-  }
+  loop_.start([server](int client) { grpc::AddInsecureChannelFromFd(server, client); }, true);
 }
 
 void UnixListener::stop() {
-  if (wake_[1] >= 0 && thread_.joinable()) {
-    char byte = 0;
-    (void)!write(wake_[1], &byte, 1);
-    thread_.join();
-  }
+  loop_.stop();
   if (!path_.empty()) unlink(path_.c_str());
   path_.clear();
 }
 
-UnixListener::~UnixListener() {
-  stop();
-  for (int fd : {fd_, wake_[0], wake_[1]}) {
-    if (fd >= 0) close(fd);
-  }
-}
+UnixListener::~UnixListener() { stop(); }
 
 }  // namespace gmem::rpc

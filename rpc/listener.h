@@ -5,8 +5,10 @@
 
 #include <grpcpp/server.h>
 
+#include <memory>
 #include <string>
-#include <thread>
+
+#include "rpc/accept_loop.h"
 
 namespace gmem::rpc {
 
@@ -26,11 +28,9 @@ class UnixListener {
 
  private:
   UnixListener() = default;
-  void run(grpc::Server* server);
 
   std::string path_;
-  int fd_ = -1, wake_[2] = {-1, -1};
-  std::thread thread_;
+  AcceptLoop loop_;
 };
 
 // Creates the socket's directory (and its parents) if missing, mode 0700 for

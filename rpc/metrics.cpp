@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -113,19 +112,20 @@ std::unique_ptr<MetricsServer> MetricsServer::bind(const std::string& address, s
     return nullptr;
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer);
-  server->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
-  setsockopt(server->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  bool ok = server->fd_ >= 0 && ::bind(server->fd_, found->ai_addr, found->ai_addrlen) == 0 &&
-            listen(server->fd_, 16) == 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  bool ok = fd >= 0 && ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 16) == 0;
   freeaddrinfo(found);
-  if (!ok || pipe2(server->wake_, O_CLOEXEC) != 0) {
+  if (!ok) {
     *problem = "cannot listen on " + address + ": " + strerror(errno);
+    if (fd >= 0) close(fd);
     return nullptr;
   }
+  if (!server->loop_.adopt(fd, problem)) return nullptr;
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
-  getsockname(server->fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
   char service[16] = "";
   getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, nullptr, 0, service, sizeof service, NI_NUMERICSERV);
   server->port_ = std::atoi(service);
@@ -134,22 +134,12 @@ std::unique_ptr<MetricsServer> MetricsServer::bind(const std::string& address, s
 
 void MetricsServer::start(std::function<std::string()> render) {
   render_ = std::move(render);
-  thread_ = std::thread([this] { run(); });
-}
-
-void MetricsServer::run() {
-  pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-  for (;;) {
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents) return;
-    int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
-    answer(client);
-    close(client);
-  }
+  loop_.start(
+      [this](int client) {
+        answer(client);
+        close(client);
+      },
+      false);
 }
 
 void MetricsServer::answer(int client) {
@@ -179,19 +169,8 @@ void MetricsServer::answer(int client) {
                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
 }
 
-void MetricsServer::stop() {
-  if (thread_.joinable()) {
-    char byte = 0;
-    (void)!write(wake_[1], &byte, 1);
-    thread_.join();
-  }
-}
+void MetricsServer::stop() { loop_.stop(); }
 
-MetricsServer::~MetricsServer() {
-  stop();
-  for (int fd : {fd_, wake_[0], wake_[1]}) {
-    if (fd >= 0) close(fd);
-  }
-}
+MetricsServer::~MetricsServer() { stop(); }
 
 }  // namespace gmem::rpc

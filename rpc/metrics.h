@@ -6,8 +6,8 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "rpc/accept_loop.h"
 #include "rpc/catalog.h"
 
 namespace gmem::rpc {
@@ -29,12 +29,11 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  void run();
   void answer(int client);
 
-  int fd_ = -1, port_ = 0, wake_[2] = {-1, -1};
+  int port_ = 0;
   std::function<std::string()> render_;
-  std::thread thread_;
+  AcceptLoop loop_;
 };
 
 // Splits HOST:PORT ([v6]:PORT too); false if it does not parse.

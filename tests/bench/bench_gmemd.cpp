@@ -9,8 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "../rpc/processes.h"
@@ -18,20 +16,8 @@
 
 namespace {
 
-// utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/<pid>/stat).
-uint64_t cpu_ticks(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  std::istringstream rest(line.substr(line.rfind(')') + 2));
-  std::string field;
-  uint64_t total = 0;
-  for (int n = 3; n <= 15; ++n) {
-    rest >> field;
-    if (n >= 14) total += std::stoull(field);
-  }
-  return total;
-}
+// utime + stime of a process (all its threads), in clock ticks.
+uint64_t cpu_ticks(pid_t pid) { return gmem::test::proc_stat_field(pid, 14) + gmem::test::proc_stat_field(pid, 15); }
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "processes.h"
 #include "stats_writer.h"
 
 int main(int argc, char** argv) {

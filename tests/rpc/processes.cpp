@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace gmem::test {
 namespace {
@@ -30,6 +32,17 @@ std::string drain(int fd) {
 int status_of(int raw) { return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw); }
 
 }  // namespace
+
+uint64_t proc_stat_field(pid_t pid, int field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  // Fields after the command (field 2, which may hold spaces) start at 3.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string value;
+  for (int n = 3; n <= field; ++n) rest >> value;
+  return std::stoull(value);
+}
 
 Finished run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   // Files, not pipes: a daemon the command leaves behind must not hold our reads open.

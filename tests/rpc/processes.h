@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,11 @@ struct Finished {
 
 // `env`: NAME=VALUE pairs added to the environment.
 Finished run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+
+// Field `field` (1-based, as in proc(5)) of /proc/<pid>/stat as a number;
+// read here independently of gmemd's own reader.
+uint64_t proc_stat_field(pid_t pid, int field);
+inline uint64_t start_ticks_of(pid_t pid) { return proc_stat_field(pid, 22); }
 
 class Background {
  public:

@@ -7,21 +7,9 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace gmem::test {
-
-uint64_t start_ticks_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  std::istringstream rest(line.substr(line.rfind(')') + 2));
-  std::string field;
-  for (int n = 3; n <= 22; ++n) rest >> field;
-  return std::stoull(field);
-}
 
 StatsWriter::StatsWriter(const std::string& dir, pid_t pid, uint64_t start_ticks, uint32_t capacity,
                          const std::string& command)

@@ -47,7 +47,4 @@ class StatsWriter {
   gmem_stats_header* header_ = nullptr;
 };
 
-// Field 22 of /proc/<pid>/stat, read independently of gmemd's reader.
-uint64_t start_ticks_of(pid_t pid);
-
 }  // namespace gmem::test

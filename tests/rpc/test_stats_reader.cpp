@@ -16,6 +16,7 @@
 #include "rpc/metrics.h"
 #include "rpc/proc.h"
 #include "rpc/stats_file.h"
+#include "processes.h"
 #include "stats_writer.h"
 
 namespace {
