@@ -22,7 +22,7 @@ const char* footer =
     "  gmemctl ps --json                     the processes, as JSON\n"
     "  gmemctl stats 4242                    one process's figures per device\n"
     "  gmemctl placement 4242 --device 0     its live allocations on device 0\n"
-    "  gmemctl daemon --metrics 127.0.0.1:9464   gmemd in the foreground, with Prometheus metrics\n"
+    "  gmemctl daemon -- --metrics 127.0.0.1:9464   gmemd in the foreground, with Prometheus metrics\n"
     "\n"
     "Exit codes: 0 ok, 1 gmemd answered with an error, 2 usage error, 3 no gmemd answers,\n"
     "4 no such process under gmem, 5 refused by gmemd (another user's daemon);\n"
@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   run->positionals_at_end();
 
   auto* daemon = app.add_subcommand("daemon", "run gmemd in the foreground (arguments after -- go to gmemd)");
-  daemon->allow_extras();
+  std::vector<std::string> daemon_arguments;
+  daemon->add_option("GMEMD_ARGS", daemon_arguments, "gmemd's own options, after --");
 
   try {
     app.parse(argc, argv);
@@ -82,8 +83,7 @@ int main(int argc, char** argv) {
   }
 
   if (*daemon) {
-    std::vector<std::string> arguments = daemon->remaining();
-    std::erase(arguments, "--");
+    std::vector<std::string> arguments = daemon_arguments;
     if (app.count("--socket")) arguments.insert(arguments.begin(), {"--socket", socket});
     return exec_daemon(arguments);
   }

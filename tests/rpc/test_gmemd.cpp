@@ -101,9 +101,11 @@ TEST_F(Gmemd, ExitCodesSayWhatWentWrong) {
   EXPECT_EQ(ctl({"frobnicate"}).status, 2);
   EXPECT_EQ(ctl({"stats", "-5"}).status, 2);
 
-  auto nobody_home = run_command({gmemctl, "--socket", root_ + "/nobody.sock", "ps"});
-  EXPECT_EQ(nobody_home.status, 3);
-  EXPECT_NE(nobody_home.err.find("gmemctl daemon"), std::string::npos) << nobody_home.err;
+  for (const char* command : {"ps", "stats", "top"}) {
+    auto nobody_home = run_command({gmemctl, "--socket", root_ + "/nobody.sock", command});
+    EXPECT_EQ(nobody_home.status, 3) << command;
+    EXPECT_NE(nobody_home.err.find("gmemctl daemon"), std::string::npos) << nobody_home.err;
+  }
 
   auto help = ctl({"--help"});
   EXPECT_EQ(help.status, 0);
@@ -318,6 +320,25 @@ TEST_F(Gmemd, RunStartsADaemonWhenNoneAnswersAndReturnsTheJobsStatus) {
   auto missing = run_command({gmemctl, "--socket", socket, "run", "--shim", "/nonexistent/libcuda.so.1", "--", "true"});
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("--shim"), std::string::npos);
+}
+
+TEST_F(Gmemd, DaemonCommandAndTcpListenerServeTheSameFigures) {
+  auto job = publish(1, 2);
+  std::string socket = root_ + "/ctl.sock", log = root_ + "/ctl.log";
+  // gmemctl daemon becomes gmemd, with --socket and what follows -- passed on.
+  Background daemon({gmemctl, "--socket", socket, "daemon", "--", "--stats-dir", stats_, "--listen", "127.0.0.1:0"},
+                    log);
+  ASSERT_TRUE(eventually([&] { return slurp(log).find("gmemd: serving") != std::string::npos; })) << slurp(log);
+  std::smatch port;
+  std::string text = slurp(log);
+  ASSERT_TRUE(std::regex_search(text, port, std::regex("127.0.0.1:0 \\(port (\\d+)\\)"))) << text;
+  for (const std::string& target : {socket, "ipv4:127.0.0.1:" + port[1].str()}) {
+    auto figures = run_command({gmemctl, "--socket", target, "stats", pid_of(*job), "--json"});
+    ASSERT_EQ(figures.status, 0) << target << ": " << figures.err;
+    EXPECT_EQ(parse<v1::GetStatsResponse>(figures.out).processes(0).devices(0).in_use_bytes(), 1u << 29) << target;
+  }
+  EXPECT_EQ(daemon.stop(SIGINT), 0);
+  EXPECT_FALSE(fs::exists(socket));
 }
 
 TEST_F(Gmemd, TopShowsEveryProcessLiveUnderTmux) {
