@@ -115,8 +115,9 @@ void Pool::capture_ended() {
 CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mempool, CUstream stream,
                            DefaultStream default_stream) {
   // The pool serves the default memory pool's requests; an explicit pool (its
-  // own properties, IPC) and graph captures are the driver's.
-  if (vmm_ && !mempool && !capturing(stream, default_stream)) {
+  // own properties, IPC), graph captures and the driver's own answer to 0
+  // bytes are the driver's.
+  if (vmm_ && !mempool && size && !capturing(stream, default_stream)) {
     return alloc_pooled(dptr, describe(0, size, Kind::async, stream), stream_identity(stream, default_stream));
   }
   const bool per_thread = default_stream == DefaultStream::per_thread;

@@ -12,6 +12,13 @@ constexpr std::size_t smallest_class = 512;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
+// Four size classes per doubling: a block wastes at most a fifth of itself.
+std::size_t size_class(std::size_t size) {
+  if (size <= smallest_class) return smallest_class;
+  return round_up(size, std::bit_floor(size - 1) / 4);
+}
+
+
 }  // namespace
 
 void VmmPool::publish(int device, gmem_device_stat stat, int64_t delta) {
@@ -110,7 +117,7 @@ CUresult VmmPool::map_range(std::vector<vmm::Chunk> chunks, int device, std::uni
   range->device = device;
   if (status != CUDA_SUCCESS) {
     if (offset) range->va.unmap(0, offset);
-    drop_range(*range, false);
+    for (auto& c : range->chunks) drop_chunk(device, std::move(c));
     return status;
   }
   publish(device, GMEM_STAT_mappings, int64_t(range->chunks.size()));
@@ -119,99 +126,138 @@ CUresult VmmPool::map_range(std::vector<vmm::Chunk> chunks, int device, std::uni
   return CUDA_SUCCESS;
 }
 
-void VmmPool::drop_range(Range& range, bool mapped) {
-  std::size_t bytes = 0;
-  for (const auto& c : range.chunks) bytes += c.size();
-  if (mapped) {
-    range.va.unmap(0, range.va.size());
-    publish(range.device, GMEM_STAT_mappings, -int64_t(range.chunks.size()));
-    if (range.chunks.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
-  }
-  devices_[range.device].figures.reserved -= bytes;
-  publish(range.device, GMEM_STAT_reserved_bytes, -int64_t(bytes));
-  publish(range.device, GMEM_STAT_chunks, -int64_t(range.chunks.size()));
-  range.chunks.clear();
+void VmmPool::drop_chunk(int device, vmm::Chunk chunk) {
+  devices_[device].figures.reserved -= chunk.size();
+  publish(device, GMEM_STAT_reserved_bytes, -int64_t(chunk.size()));
+  publish(device, GMEM_STAT_chunks, -1);
+}  // `chunk` goes back to the driver here
+
+void VmmPool::unmap_range(Range& range) {
+  range.va.unmap(0, range.va.size());
+  publish(range.device, GMEM_STAT_mappings, -int64_t(range.chunks.size()));
+  if (range.chunks.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
 }
 
-bool VmmPool::release_empty_slabs(int device) {
+void VmmPool::loosen(Range& range) {
+  unmap_range(range);
+  auto& loose = devices_[range.device].loose;
+  for (auto& c : range.chunks) {
+    std::size_t bytes = c.size();
+    loose.emplace(bytes, std::move(c));
+  }
+  range.chunks.clear();
+  ranges_.erase(range.va.base());  // frees the address range (and `range`)
+}
+
+bool VmmPool::loosen_empty_slabs(int device) {
   Device& d = devices_[device];
-  bool released = false;
-  for (auto it = ranges_.begin(); it != ranges_.end();) {
-    Range& r = *it->second;
+  std::vector<Range*> empty;
+  for (auto& [base, range] : ranges_) {
+    Range& r = *range;
+    if (r.device != device || !r.class_size || r.live) continue;
     auto& list = d.free_blocks[r.class_size];
     auto in_slab = [&](const FreeBlock& b) { return b.base >= r.va.base() && b.base < r.va.base() + r.va.size(); };
-    bool empty = r.device == device && r.class_size && r.live == 0 &&
-                 std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || reusable(b.pending, 0); });
-    if (!empty) {
-      ++it;
-      continue;
+    if (std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || reusable(b.pending, 0); })) {
+      std::erase_if(list, in_slab);
+      empty.push_back(&r);
     }
-    std::erase_if(list, in_slab);
-    d.cached_bytes -= r.va.size();
-    drop_range(r, true);
-    it = ranges_.erase(it);
-    released = true;
   }
-  return released;
+  for (Range* r : empty) loosen(*r);
+  d.empty_slabs -= empty.size();
+  return !empty.empty();
+}
+
+std::size_t VmmPool::loosen_cached(int device, std::size_t want) {
+  Device& d = devices_[device];
+  std::size_t freed = 0;
+  // Largest first: the fewest ranges lose their mappings.
+  for (auto it = d.cached.end(); freed < want && it != d.cached.begin();) {
+    Range* r = (--it)->second;
+    if (!reusable(r->pending, 0)) continue;
+    freed += r->va.size();
+    it = d.cached.erase(it);
+    loosen(*r);
+  }
+  return freed;
+}
+
+std::size_t VmmPool::reusable_cached_bytes(int device) {
+  Device& d = devices_[device];
+  std::size_t bytes = 0;
+  for (const auto& [size, r] : d.cached) bytes += reusable(r->pending, 0) ? size : 0;
+  for (const auto& [size, c] : d.loose) bytes += size;
+  return bytes;
+}
+
+void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered) {
+  Device& d = devices_[device];
+  while (*covered < size && !d.loose.empty()) {
+    const std::size_t need = size - *covered;
+    // The smallest chunk that covers the rest, else the largest there is.
+    auto it = d.loose.lower_bound(need);
+    if (it == d.loose.end()) --it;
+    vmm::Chunk chunk = std::move(it->second);
+    d.loose.erase(it);
+    d.cached_bytes -= chunk.size();
+    // Too big by more than an eighth: made again at the size needed, the rest
+    // kept loose, so a request does not hold memory it does not use.
+    if (chunk.size() > need && chunk.size() - need > std::max(d.granularity, need / 8)) {
+      const std::size_t rest = chunk.size() - need;
+      drop_chunk(device, std::move(chunk));
+      vmm::Chunk part, remainder;
+      if (new_chunk(device, need, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (new_chunk(device, rest, &remainder) == CUDA_SUCCESS) {
+        d.cached_bytes += rest;
+        d.loose.emplace(rest, std::move(remainder));
+      }
+      chunk = std::move(part);
+    }
+    *covered += chunk.size();
+    parts->push_back(std::move(chunk));
+  }
 }
 
 CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>* out) {
-  vmm::Chunk fresh;
-  CUresult status = new_chunk(device, size, &fresh);
-  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
-    // The device is full: what the pool caches goes back first.
-    publish(device, GMEM_STAT_oom_releases, 1);
-    complete_pending_frees();
-    if (release_empty_slabs(device)) status = new_chunk(device, size, &fresh);
-  }
-  if (status == CUDA_SUCCESS) {
-    std::vector<vmm::Chunk> one;
-    one.push_back(std::move(fresh));
-    return map_range(std::move(one), device, out);
-  }
-  if (status != CUDA_ERROR_OUT_OF_MEMORY) return status;
-
-  // Take cached ranges apart, largest first, and stitch their chunks, with new
-  // memory for what they do not cover; unless even that cannot succeed, so a
-  // hopeless request leaves the cache as it was.
   Device& d = devices_[device];
-  std::size_t free_bytes = 0, total = 0, stitchable = 0;
-  for (const auto& [bytes, r] : d.cached) stitchable += r->pending.event || r->pending.never ? 0 : bytes;
-  if (driver_.cuMemGetInfo_v2(&free_bytes, &total) != CUDA_SUCCESS || free_bytes + stitchable < size) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  std::vector<vmm::Chunk> stitched;
-  std::size_t covered = 0;
-  for (auto it = d.cached.end(); covered < size && it != d.cached.begin();) {
-    Range* r = (--it)->second;
-    if (r->pending.event || r->pending.never) continue;  // its free has not completed
-    d.cached_bytes -= r->va.size();
-    r->va.unmap(0, r->va.size());
-    publish(device, GMEM_STAT_mappings, -int64_t(r->chunks.size()));
-    if (r->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, -1);
-    for (auto& c : r->chunks) {
-      covered += c.size();
-      stitched.push_back(std::move(c));
+  // Memory the pool holds but does not use comes before new memory: loose
+  // chunks, empty slabs and cached ranges taken apart; new memory only for
+  // what they cannot cover, made first, so that a request that fails leaves
+  // the cache as it was.
+  if (d.empty_slabs) loosen_empty_slabs(device);
+  std::size_t reusable = reusable_cached_bytes(device);
+  vmm::Chunk fresh;
+  if (reusable < size) {
+    CUresult status = new_chunk(device, size - reusable, &fresh);
+    if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+      // The device is full: every free the pool waits on completes, then try again.
+      publish(device, GMEM_STAT_oom_releases, 1);
+      complete_pending_frees();
+      loosen_empty_slabs(device);
+      reusable = reusable_cached_bytes(device);
+      status = reusable < size ? new_chunk(device, size - reusable, &fresh) : CUDA_SUCCESS;
     }
-    r->chunks.clear();
-    it = d.cached.erase(it);
-    ranges_.erase(r->va.base());
+    if (status != CUDA_SUCCESS) return status;
   }
-  if (covered < size) {
-    status = new_chunk(device, size - covered, &fresh);
-    if (status != CUDA_SUCCESS) {
-      // The chunks taken go back to the driver: the device is full either way.
-      Range gone;
-      gone.device = device;
-      gone.chunks = std::move(stitched);
-      drop_range(gone, false);
-      publish_free_figures(device);
-      return status;
+  std::vector<vmm::Chunk> parts;
+  std::size_t covered = fresh.size();
+  if (covered) parts.push_back(std::move(fresh));
+  take_loose(device, size, &parts, &covered);
+  if (covered < size) loosen_cached(device, size - covered);
+  take_loose(device, size, &parts, &covered);
+  if (parts.size() > max_parts) {
+    // Too many mappings for one range: the parts are made again as one chunk.
+    std::size_t bytes = 0;
+    for (auto& c : parts) {
+      bytes += c.size();
+      drop_chunk(device, std::move(c));
     }
-    stitched.push_back(std::move(fresh));
+    parts.clear();
+    vmm::Chunk whole;
+    if (CUresult made = new_chunk(device, bytes, &whole)) return made;
+    parts.push_back(std::move(whole));
   }
-  publish(device, GMEM_STAT_stitches, 1);
-  return map_range(std::move(stitched), device, out);
+  if (parts.size() > 1) publish(device, GMEM_STAT_stitches, 1);
+  return map_range(std::move(parts), device, out);
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
@@ -226,7 +272,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   std::size_t index = 0;
   CUresult status;
   if (size <= small_max) {
-    const std::size_t class_size = std::bit_ceil(std::max(size, smallest_class));
+    const std::size_t class_size = size_class(size);
     status = take_block(class_size, d, device, stream, &range, &index);
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
@@ -235,7 +281,8 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   if (status == CUDA_SUCCESS) {
     range->blocks[index] = *out;
-    ++range->live;
+    if (range->class_size && range->live++ == 0) --d.empty_slabs;
+    if (!range->class_size) range->live = 1;
     d.cached_bytes -= out->physical;
     d.figures.used += out->physical;
     d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
@@ -257,12 +304,13 @@ CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, Stre
   }
   if (found == list.end()) {
     std::unique_ptr<Range> slab;
-    if (CUresult status = new_range(std::max(slab_size, d.granularity), device, &slab)) return status;
+    if (CUresult status = new_range(round_up(slab_size, d.granularity), device, &slab)) return status;
     slab->class_size = class_size;
     slab->blocks.resize(slab->va.size() / class_size);
     // Lowest address last: handed out first.
     for (std::size_t i = slab->blocks.size(); i-- > 0;) list.push_back({slab->va.base() + i * class_size, {}});
     d.cached_bytes += slab->va.size();
+    ++d.empty_slabs;
     ranges_.emplace(slab->va.base(), std::move(slab));
     found = list.end() - 1;
   }
@@ -273,8 +321,10 @@ CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, Stre
 }
 
 CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range) {
-  // A cached range this stream may use that fits with at most 1/8 to spare.
-  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= rounded + rounded / 8; ++it) {
+  // A cached range this stream may use that fits with at most 1/16 (or one
+  // granule) to spare.
+  const std::size_t most = rounded + std::max(d.granularity, rounded / 16);
+  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
     if (reusable(it->second->pending, stream)) {
       *range = it->second;
       d.cached.erase(it);
@@ -302,7 +352,7 @@ void VmmPool::release(Range& range, std::size_t index, Pending pending) {
     d.cached.emplace(range.va.size(), &range);
     d.cached_bytes += range.va.size();
   }
-  --range.live;
+  if (--range.live == 0 && range.class_size) ++d.empty_slabs;
   block = Block{};
   publish_free_figures(range.device);
 }
@@ -381,17 +431,13 @@ void VmmPool::trim(int device, std::size_t keep) {
   std::lock_guard lock(mutex_);
   quiet_ = false;
   Device& d = devices_[device];
-  release_empty_slabs(device);
-  for (auto it = d.cached.begin(); d.cached_bytes > keep && it != d.cached.end();) {
-    Range* r = it->second;
-    if (!reusable(r->pending, 0)) {
-      ++it;
-      continue;
-    }
-    it = d.cached.erase(it);
-    d.cached_bytes -= r->va.size();
-    drop_range(*r, true);
-    ranges_.erase(r->va.base());
+  loosen_empty_slabs(device);
+  if (d.cached_bytes > keep) loosen_cached(device, d.cached_bytes - keep);
+  while (d.cached_bytes > keep && !d.loose.empty()) {
+    auto largest = std::prev(d.loose.end());
+    d.cached_bytes -= largest->first;
+    drop_chunk(device, std::move(largest->second));
+    d.loose.erase(largest);
   }
   publish_free_figures(device);
 }

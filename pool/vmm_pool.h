@@ -1,9 +1,11 @@
 // Device memory served from gmem's own physical chunks (cuMemCreate), mapped
-// through vmm/. Freed memory stays mapped and cached for reuse; when the device
-// is full, empty slabs go back to the driver and cached ranges are unmapped and
-// stitched, with new memory for any remainder, into one contiguous range for
-// the request. Requests up to 1 MiB are carved from 2 MiB slabs, one size class
-// per slab.
+// through vmm/. Freed memory stays mapped and cached for reuse as it is; a
+// request no cached range fits is served from memory the pool already holds
+// before new memory: loose chunks and cached ranges taken apart are stitched
+// into one contiguous range (chunks far larger than needed, or too many for
+// one range, are made again at the right size). Requests up to 1 MiB are
+// carved from 2 MiB slabs, one size class per slab, four classes per doubling;
+// empty slabs are taken apart like cached ranges.
 //
 // Reuse follows the driver's rules: memory freed by cuMemFree is reusable at
 // once (the free waited for the device); memory freed by cuMemFreeAsync is
@@ -77,7 +79,8 @@ class VmmPool {
   // A destroyed context's allocations become free (no kernel can touch them).
   void forget_context(CUcontext context);
 
-  static constexpr std::size_t small_max = 1 << 20;
+  static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
+  static constexpr std::size_t max_parts = 8;         // chunks stitched into one range, at most
 
  private:
   // When freed memory may be handed out again.
@@ -102,10 +105,12 @@ class VmmPool {
   };
   struct Device {
     std::multimap<std::size_t, Range*> cached;                // free whole ranges, by size
+    std::multimap<std::size_t, vmm::Chunk> loose;             // free chunks mapped nowhere, by size
     std::map<std::size_t, std::vector<FreeBlock>> free_blocks;  // by class size
     std::size_t granularity = 0;
     std::size_t total = 0;  // the device's memory
     std::size_t cached_bytes = 0;
+    std::size_t empty_slabs = 0;  // slabs with no block in use (some frees may be pending)
     Figures figures;
   };
 
@@ -119,10 +124,19 @@ class VmmPool {
   CUresult new_range(std::size_t size, int device, std::unique_ptr<Range>* out);
   CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out);
   CUresult map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out);
-  // Gives the driver back the chunks of `range` (unmapping them first if `mapped`).
-  void drop_range(Range& range, bool mapped);
-  // Empty slabs whose frees have completed go back to the driver; true if any did.
-  bool release_empty_slabs(int device);
+  void drop_chunk(int device, vmm::Chunk chunk);  // back to the driver
+  void unmap_range(Range& range);
+  // Unmaps a free range and keeps its chunks loose; `range` is gone after.
+  void loosen(Range& range);
+  // Empty slabs whose frees have completed become loose chunks; true if any did.
+  bool loosen_empty_slabs(int device);
+  // Cached ranges whose frees have completed, largest first, become loose
+  // chunks until `want` bytes are loose; returns the bytes loosened.
+  std::size_t loosen_cached(int device, std::size_t want);
+  // Bytes cached on `device` that could serve a request now (loose included).
+  std::size_t reusable_cached_bytes(int device);
+  // Moves loose chunks into `parts` until they cover `size`.
+  void take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered);
   // Whether memory freed as `pending` may serve a request ordered on `stream`;
   // once the free is known complete, `pending` is cleared.
   bool reusable(Pending& pending, StreamId stream);

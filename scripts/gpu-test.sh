@@ -130,9 +130,49 @@ allreduce_under_shim() {
   ranks=$(grep -Ec 'gmem: report total +allocs=[1-9]' <<<"$log")
   [ "$ranks" -ge 2 ] || { echo "gmem reports with allocations: $ranks, expected one per rank (2)"; return 1; }
 }
+# The traces to replay: this run's recordings, else those committed in tests/traces/.
+trace_files() {
+  local found=("$out"/traces/*.trace)
+  [ -e "${found[0]}" ] || found=(tests/traces/*.trace)
+  printf '%s\n' "${found[@]}"
+}
+
+# Each trace through PyTorch's three allocators natively, then under gmem's VMM
+# pool with the stock allocator and with backend:cudaMallocAsync (where gmem
+# sees every tensor). replay_torch.py prints the BENCH lines.
+replay_traces_torch() {
+  local traces conf rc=0
+  mapfile -t traces < <(trace_files)
+  for conf in "" expandable_segments:True backend:cudaMallocAsync; do
+    echo "== native, PYTORCH_CUDA_ALLOC_CONF=$conf"
+    env -u PYTORCH_CUDA_ALLOC_CONF ${conf:+"PYTORCH_CUDA_ALLOC_CONF=$conf"} \
+      python3 tests/gpu/replay_torch.py "${traces[@]}" || rc=1
+  done
+  for conf in "" backend:cudaMallocAsync; do
+    echo "== gmem pool:vmm, PYTORCH_CUDA_ALLOC_CONF=$conf"
+    env -u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD="$shim" GMEM_CONF=pool:vmm ${conf:+"PYTORCH_CUDA_ALLOC_CONF=$conf"} \
+      python3 tests/gpu/replay_torch.py "${traces[@]}" || rc=1
+  done
+  return "$rc"
+}
+
+# REPLAY: each trace through the driver API under gmem's VMM pool, stream-ordered
+# and with cuMemAlloc/cuMemFree, against the driver's own pool in the same run.
+replay_traces_driver() {
+  local replay=$1 traces trace mode rc=0
+  mapfile -t traces < <(trace_files)
+  for trace in "${traces[@]}"; do
+    for mode in "" --sync; do
+      echo "== $trace ${mode:-(stream-ordered)}"
+      env LD_PRELOAD="$shim" GMEM_CONF=pool:vmm "$replay" ${mode:+"$mode"} "$trace" || rc=1
+    done
+  done
+  return "$rc"
+}
+
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
-export -f environment job_matches allreduce_under_shim
+export -f environment job_matches allreduce_under_shim trace_files replay_traces_torch replay_traces_driver
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
@@ -189,6 +229,12 @@ done
 # Every pair a pool hit: the pool's cost against the driver's alloc and free.
 step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \
   GMEM_BENCH_PREFIX=pool_hit_ "$carry/bench/bench-shim"
+
+# Fragmentation on allocation traces recorded here from PyTorch training (a
+# transformer LM with varying sequence lengths, a GCN): tests/traces/README.md.
+step traces-record 300 python3 tests/gpu/record_traces.py --out "$out/traces"
+step traces-torch 300 replay_traces_torch
+step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 # Last, as the time budget cuts from the end: training with the VMM pool serving
 # every tensor (cudaMallocAsync) and torch's segments (default).

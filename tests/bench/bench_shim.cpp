@@ -7,38 +7,18 @@
 // every pair is a pool hit).
 #include <cuda.h>
 #include <dlfcn.h>
-#include <link.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
-namespace {
+#include "real_driver.h"
 
-// The libcuda object in this process that does not define our cuInit: the
-// real driver behind the shim.
-std::string real_driver_path() {
-  Dl_info self{};
-  dladdr(reinterpret_cast<void*>(&cuInit), &self);
-  std::string found;
-  std::pair<const char*, std::string*> search(self.dli_fname, &found);
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        auto* pair = static_cast<std::pair<const char*, std::string*>*>(data);
-        const char* base = strrchr(info->dlpi_name, '/');
-        if (base && strncmp(base + 1, "libcuda.so", 10) == 0 && strcmp(info->dlpi_name, pair->first) != 0) {
-          *pair->second = info->dlpi_name;
-        }
-        return 0;
-      },
-      &search);
-  return found;
-}
+namespace {
 
 // Time per call of `body`, in nanoseconds, over one round of `calls`.
 template <typename Body>
@@ -84,12 +64,8 @@ int main() {
     fprintf(stderr, "bench_shim: no CUDA device\n");
     return 77;
   }
-  std::string real_path = real_driver_path();
-  void* real = real_path.empty() ? nullptr : dlopen(real_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (!real) {
-    fprintf(stderr, "bench_shim: run me under the gmem shim (no second libcuda found)\n");
-    return 1;
-  }
+  void* real = gmem::bench::open_real_driver("bench_shim");
+  if (!real) return 1;
   auto real_get_current = reinterpret_cast<decltype(&cuCtxGetCurrent)>(dlsym(real, "cuCtxGetCurrent"));
   auto real_alloc = reinterpret_cast<decltype(&cuMemAlloc_v2)>(dlsym(real, "cuMemAlloc_v2"));
   auto real_free = reinterpret_cast<decltype(&cuMemFree_v2)>(dlsym(real, "cuMemFree_v2"));

@@ -77,7 +77,9 @@ CUresult release(CUdeviceptr dptr, bool host, const char* caller = __builtin_FUN
 }  // namespace
 
 CUresult pool_allocate(MemPool* pool, CUdeviceptr* dptr, std::size_t size) {
-  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  // Driver 580 grants 0 bytes in stream order (no address is checked here).
+  if (size == 0) return *dptr = 0, CUDA_SUCCESS;
   // The pool grows only by what its free reserve lacks.
   const cuuint64_t spare = pool->reserved - pool->used;
   const std::size_t growth = size > spare ? size - spare : 0;

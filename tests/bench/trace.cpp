@@ -1,0 +1,108 @@
+// Reading allocation traces: the format's rules (tests/traces/README.md) checked
+// line by line, with the line named in every error.
+#include "trace.h"
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+namespace gmem::trace {
+
+namespace {
+
+constexpr const char* header = "# gmem allocation trace v1";
+
+// One unsigned decimal field below `limit`, and nothing after it but space.
+bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
+  std::string word;
+  if (!(in >> word) || word.empty() || word.size() > 20) return false;
+  std::uint64_t v = 0;
+  for (char c : word) {
+    if (c < '0' || c > '9') return false;
+    if (v > (UINT64_MAX - 9) / 10) return false;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  *out = v;
+  return v < limit;
+}
+
+}  // namespace
+
+std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error) {
+  Trace t;
+  std::vector<std::uint64_t> live_bytes;  // by id; 0: not live
+  std::uint64_t live = 0;
+  std::string line;
+  long number = 0;
+  auto fail = [&](const std::string& what) {
+    *error = where + ":" + std::to_string(number) + ": " + what;
+    return std::nullopt;
+  };
+  while (std::getline(in, line)) {
+    ++number;
+    if (number == 1) {
+      if (line != header) return fail(std::string("expected '") + header + "', found '" + line.substr(0, 60) + "'");
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string op;
+    if (!(fields >> op) || op[0] == '#') continue;
+    Event e;
+    std::uint64_t id = 0, bytes = 0, stream = 0;
+    if (op == "a" && field(fields, max_id, &id) && field(fields, UINT64_C(1) << 48, &bytes) &&
+        field(fields, max_stream, &stream)) {
+      e = Event{true, static_cast<std::uint32_t>(id), bytes, static_cast<std::uint32_t>(stream)};
+    } else if (op == "f" && field(fields, max_id, &id)) {
+      e = Event{false, static_cast<std::uint32_t>(id), 0, 0};
+    } else {
+      return fail("expected 'a ID BYTES STREAM' or 'f ID' (ID < 2^24, 0 < BYTES < 2^48, STREAM < 256), found '" +
+                  line.substr(0, 60) + "'");
+    }
+    std::string rest;
+    if (fields >> rest) return fail("unexpected '" + rest.substr(0, 20) + "' after the event");
+    if (e.id >= live_bytes.size()) live_bytes.resize(e.id + 1, 0);
+    if (e.alloc) {
+      if (e.bytes == 0) return fail("allocation of 0 bytes");
+      if (live_bytes[e.id]) return fail("allocation of id " + std::to_string(e.id) + ", which is live");
+      live_bytes[e.id] = e.bytes;
+      live += e.bytes;
+      if (live > t.peak_requested) t.peak_requested = live;
+      if (e.stream + 1 > t.streams) t.streams = e.stream + 1;
+    } else {
+      if (!live_bytes[e.id]) return fail("free of id " + std::to_string(e.id) + ", which is not live");
+      live -= live_bytes[e.id];
+      live_bytes[e.id] = 0;
+    }
+    t.events.push_back(e);
+  }
+  if (number == 0) return fail("empty: expected '" + std::string(header) + "'");
+  t.ids = static_cast<std::uint32_t>(live_bytes.size());
+  return t;
+}
+
+std::optional<Trace> load(const std::string& path, std::string* error) {
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
+    *error = path + ": compressed traces are read by tests/traces/gmem_trace.py only; gunzip it first";
+    return std::nullopt;
+  }
+  std::ifstream in(path);
+  if (!in) {
+    *error = path + ": cannot open";
+    return std::nullopt;
+  }
+  return parse(in, path, error);
+}
+
+std::string name_of(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  const std::string suffix = ".trace";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    name.resize(name.size() - suffix.size());
+  }
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+}  // namespace gmem::trace

@@ -1,0 +1,40 @@
+// Allocation traces (tests/traces/README.md) for the replay benchmark: read and
+// checked in one pass, so that a replay never meets a free of an id that is not
+// live, and the peak requested is known before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <istream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gmem::trace {
+
+inline constexpr std::uint32_t max_id = 1u << 24;
+inline constexpr std::uint32_t max_stream = 256;
+
+struct Event {
+  bool alloc = false;
+  std::uint32_t id = 0;
+  std::uint64_t bytes = 0;   // allocations only
+  std::uint32_t stream = 0;  // allocations only; 0 is the default stream
+};
+
+struct Trace {
+  std::vector<Event> events;
+  std::uint32_t ids = 0;      // highest id + 1
+  std::uint32_t streams = 1;  // highest stream + 1
+  std::uint64_t peak_requested = 0;
+};
+
+// The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks
+// the format.
+std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error);
+std::optional<Trace> load(const std::string& path, std::string* error);
+
+// A trace's name in BENCH lines: the file name without .trace, every other
+// character than [A-Za-z0-9_] made '_'.
+std::string name_of(const std::string& path);
+
+}  // namespace gmem::trace

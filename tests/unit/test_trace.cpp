@@ -1,0 +1,69 @@
+// The C++ trace reader (tests/bench/trace.cpp): what the format allows, what it
+// rejects with the line named, and the peak requested it computes.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "trace.h"
+
+namespace {
+
+using gmem::trace::parse;
+
+std::optional<gmem::trace::Trace> read(const std::string& text, std::string* error) {
+  std::istringstream in(text);
+  return parse(in, "t", error);
+}
+
+const std::string header = "# gmem allocation trace v1\n";
+
+TEST(Trace, ReadsEventsStreamsAndThePeak) {
+  std::string error;
+  auto t = read(header + "# from a test\n\na 0 100 0\na 1 50 2\nf 0\na 0 70 1\nf 1\nf 0\na 3 5 0\n", &error);
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->events.size(), 7u);
+  EXPECT_TRUE(t->events[0].alloc);
+  EXPECT_EQ(t->events[1].bytes, 50u);
+  EXPECT_EQ(t->events[1].stream, 2u);
+  EXPECT_FALSE(t->events[2].alloc);
+  EXPECT_EQ(t->events[2].id, 0u);
+  EXPECT_EQ(t->peak_requested, 150u);  // 100 + 50; later 70 + 50 = 120
+  EXPECT_EQ(t->streams, 3u);
+  EXPECT_EQ(t->ids, 4u);
+}
+
+TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"# gmem allocation trace v2\n", "t:1: expected '# gmem allocation trace v1'"},
+      {"", "t:0: empty"},
+      {header + "a 0 100 0\na 0 5 0\n", "t:3: allocation of id 0, which is live"},
+      {header + "f 1\n", "t:2: free of id 1, which is not live"},
+      {header + "a 0 100 0\nf 0\nf 0\n", "t:4: free of id 0, which is not live"},
+      {header + "a 0 0 0\n", "t:2: allocation of 0 bytes"},
+      {header + "a 0 10 256\n", "t:2: expected 'a ID BYTES STREAM'"},
+      {header + "a 16777216 10 0\n", "t:2: expected"},
+      {header + "a 0 -1 0\n", "t:2: expected"},
+      {header + "a 0 10\n", "t:2: expected"},
+      {header + "x 0\n", "t:2: expected"},
+      {header + "a 0 10 0 7\n", "t:2: unexpected '7'"},
+      {header + "a 0 99999999999999999999999 0\n", "t:2: expected"},
+  };
+  for (const auto& [text, message] : cases) {
+    std::string error;
+    EXPECT_FALSE(read(text, &error)) << text;
+    EXPECT_EQ(error.rfind(message, 0), 0u) << "got: " << error << "\nwanted: " << message;
+  }
+}
+
+TEST(Trace, NamesAreWordsWithoutTheSuffix) {
+  EXPECT_EQ(gmem::trace::name_of("/x/y/gnn-gcn.v1.trace"), "gnn_gcn_v1");
+  EXPECT_EQ(gmem::trace::name_of("lm"), "lm");
+}
+
+TEST(Trace, CompressedTracesAreRefusedWithAWayOut) {
+  std::string error;
+  EXPECT_FALSE(gmem::trace::load("x.trace.gz", &error));
+  EXPECT_NE(error.find("gunzip"), std::string::npos) << error;
+}
+
+}  // namespace
