@@ -1,0 +1,103 @@
+// Plain-text tables for gmemctl's read commands (--json prints the messages instead).
+#include "rpc/format.h"
+
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+
+namespace gmem::rpc {
+namespace {
+
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  return buffer;
+}
+
+const char* tier_text(int tier) {
+  switch (tier) {
+    case v1::TIER_DEVICE: return "device";
+    case v1::TIER_HOST: return "host";
+    case v1::TIER_PEER: return "peer";
+  }
+  return "?";
+}
+
+const char* kind_text(int kind) {
+  switch (kind) {
+    case v1::KIND_DEVICE: return "alloc";
+    case v1::KIND_PITCHED: return "pitch";
+    case v1::KIND_MANAGED: return "managed";
+    case v1::KIND_ASYNC: return "async";
+    case v1::KIND_VMM: return "vmm";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string human_bytes(uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  return printf_string("%.1f %s", value, units[unit]);
+}
+
+std::string state_text(v1::StatsState state) {
+  switch (state) {
+    case v1::STATS_STATE_OK: return "ok";
+    case v1::STATS_STATE_UNKNOWN_VERSION: return "unknown-version";
+    case v1::STATS_STATE_INVALID: return "invalid";
+    case v1::STATS_STATE_STARTING: return "starting";
+    default: return "?";
+  }
+}
+
+std::string ps_table(const v1::ListProcessesResponse& response) {
+  std::string out = printf_string("%8s %6s %-15s %4s  %s\n", "PID", "UID", "STATS", "DEVS", "COMMAND");
+  for (const v1::Process& p : response.processes()) {
+    std::string what = p.state() == v1::STATS_STATE_OK ? p.command() : p.command() + " (" + p.problem() + ")";
+    out += printf_string("%8d %6u %-15s %4u  %s\n", p.pid(), p.uid(), state_text(p.state()).c_str(), p.device_count(),
+                         what.c_str());
+  }
+  return out;
+}
+
+std::string stats_table(const v1::GetStatsResponse& response) {
+  std::string out = printf_string("%8s %3s %11s %11s %11s %11s %11s %5s %8s %10s  %s\n", "PID", "DEV", "RESERVED",
+                                  "IN USE", "ON DEVICE", "ON PEER", "ON HOST", "FRAG", "STITCHED", "ALLOCS", "COMMAND");
+  for (const v1::ProcessStats& p : response.processes()) {
+    for (const v1::DeviceStats& d : p.devices()) {
+      out += printf_string("%8d %3d %11s %11s %11s %11s %11s %4.0f%% %8" PRIu64 " %10" PRIu64 "  %s\n",
+                           p.process().pid(), d.device(), human_bytes(d.reserved_bytes()).c_str(),
+                           human_bytes(d.in_use_bytes()).c_str(), human_bytes(d.device_bytes()).c_str(),
+                           human_bytes(d.peer_bytes()).c_str(), human_bytes(d.host_bytes()).c_str(),
+                           100 * d.fragmentation(), d.stitched_ranges(), d.allocations(),
+                           p.process().command().c_str());
+    }
+  }
+  return out;
+}
+
+std::string placement_table(const v1::GetPlacementResponse& response) {
+  std::string out = printf_string("%18s %11s %11s %3s %-6s %-7s %6s\n", "BASE", "SIZE", "PHYSICAL", "DEV", "TIER",
+                                  "KIND", "CHUNKS");
+  for (const v1::Allocation& a : response.allocations()) {
+    out += printf_string("0x%016" PRIx64 " %11s %11s %3d %-6s %-7s %6u\n", a.base(), human_bytes(a.size()).c_str(),
+                         human_bytes(a.physical()).c_str(), a.device(), tier_text(a.tier()), kind_text(a.kind()),
+                         a.chunks());
+  }
+  if (response.dropped()) out += printf_string("(%" PRIu64 " more not listed: the table was full)\n", response.dropped());
+  return out;
+}
+
+}  // namespace gmem::rpc

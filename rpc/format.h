@@ -1,0 +1,19 @@
+// gmemctl's human-readable output: sizes, and the ps / stats / placement tables.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "rpc/gmem.pb.h"
+
+namespace gmem::rpc {
+
+// 1536 -> "1.5 KiB"; exact bytes below 1 KiB.
+std::string human_bytes(uint64_t bytes);
+std::string state_text(v1::StatsState state);
+
+std::string ps_table(const v1::ListProcessesResponse& response);
+std::string stats_table(const v1::GetStatsResponse& response);
+std::string placement_table(const v1::GetPlacementResponse& response);
+
+}  // namespace gmem::rpc

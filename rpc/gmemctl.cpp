@@ -1,0 +1,114 @@
+// gmemctl: the command line of the gmem stats plane. Reads from gmemd (ps,
+// stats, placement, top), runs jobs under the shim (run), or becomes gmemd (daemon).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "rpc/client.h"
+#include "rpc/format.h"
+#include "rpc/paths.h"
+#include "rpc/run_job.h"
+#include "rpc/top.h"
+
+using namespace gmem::rpc;
+namespace v1 = gmem::v1;
+
+namespace {
+
+const char* footer =
+    "Examples:\n"
+    "  gmemctl run -- python3 train.py       run a job under gmem (starts gmemd if none answers)\n"
+    "  gmemctl top                           live view of every job under gmem\n"
+    "  gmemctl ps --json                     the processes, as JSON\n"
+    "  gmemctl stats 4242                    one process's figures per device\n"
+    "  gmemctl placement 4242 --device 0     its live allocations on device 0\n"
+    "  gmemctl daemon -- --metrics 127.0.0.1:9464   gmemd in the foreground, with Prometheus metrics\n"
+    "\n"
+    "Exit codes: 0 ok, 1 gmemd answered with an error, 2 usage error, 3 no gmemd answers,\n"
+    "4 no such process under gmem, 5 refused by gmemd (another user's daemon);\n"
+    "`run` returns the job's own exit status.";
+
+// Prints a message as JSON or as a table, or reports the error.
+template <typename Message>
+int show(const Client& client, const grpc::Status& status, const Message& message, bool json,
+         std::string (*table)(const Message&)) {
+  if (!status.ok()) return client.report(status);
+  std::cout << (json ? to_json(message) + "\n" : table(message)) << std::flush;
+  return exit_ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gmemctl: see and steer GPU memory pooled by gmem"};
+  app.footer(footer);
+  app.require_subcommand(1);
+  app.fallthrough();
+  std::string socket = default_socket_path();
+  app.add_option("--socket", socket, "gmemd's unix socket (or a gRPC target such as ipv4:127.0.0.1:PORT)")
+      ->capture_default_str();
+
+  bool json = false;
+  auto* ps = app.add_subcommand("ps", "list the processes running under gmem");
+  auto* stats = app.add_subcommand("stats", "per-device figures of one process (PID) or of all");
+  int32_t pid = 0, device = -1;
+  stats->add_option("PID", pid, "the process; all when left out")->check(CLI::PositiveNumber);
+  auto* placement = app.add_subcommand("placement", "a process's live allocations: ranges, tiers, kinds, chunks");
+  placement->add_option("PID", pid, "the process")->required()->check(CLI::PositiveNumber);
+  placement->add_option("--device", device, "only this device's allocations")->check(CLI::NonNegativeNumber);
+  for (CLI::App* read : {ps, stats, placement}) read->add_flag("--json", json, "print the gmem.v1 message as JSON");
+  auto* top = app.add_subcommand("top", "live full-screen view: bytes on device/peer/host, fragmentation, rates");
+  int interval_ms = 1000;
+  top->add_option("--interval", interval_ms, "milliseconds between updates")
+      ->check(CLI::Range(10, 3'600'000))
+      ->capture_default_str();
+
+  RunOptions run_options;
+  auto* run = app.add_subcommand("run", "run CMD under gmem (LD_PRELOAD, GMEM_CONF); starts gmemd if none answers");
+  run->add_option("--shim", run_options.shim, "the shim to preload (default: found next to gmemctl)");
+  run->add_option("--conf", run_options.conf, "GMEM_CONF for the job (default: the environment's)");
+  run->add_option("--stats-dir", run_options.stats_dir, "where the job publishes stats (and gmemd reads them)");
+  run->add_option("CMD", run_options.command, "the job and its arguments (put -- before it)")->required();
+  run->positionals_at_end();
+
+  auto* daemon = app.add_subcommand("daemon", "run gmemd in the foreground (arguments after -- go to gmemd)");
+  std::vector<std::string> daemon_arguments;
+  daemon->add_option("GMEMD_ARGS", daemon_arguments, "gmemd's own options, after --");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? exit_ok : exit_usage;
+  }
+
+  if (*daemon) {
+    std::vector<std::string> arguments = daemon_arguments;
+    if (app.count("--socket")) arguments.insert(arguments.begin(), {"--socket", socket});
+    return exec_daemon(arguments);
+  }
+  if (*run) {
+    run_options.socket = socket;
+    return run_job(run_options);
+  }
+  Client client(socket);
+  if (*top) return run_top(client, interval_ms);
+  if (*ps) {
+    v1::ListProcessesResponse response;
+    auto status = client.stub().ListProcesses(client.context().get(), {}, &response);
+    return show(client, status, response, json, ps_table);
+  }
+  if (*stats) {
+    v1::GetStatsRequest request;
+    request.set_pid(pid);
+    v1::GetStatsResponse response;
+    auto status = client.stub().GetStats(client.context().get(), request, &response);
+    return show(client, status, response, json, stats_table);
+  }
+  v1::GetPlacementRequest request;
+  request.set_pid(pid);
+  if (device >= 0) request.set_device(device);
+  v1::GetPlacementResponse response;
+  auto status = client.stub().GetPlacement(client.context().get(), request, &response);
+  return show(client, status, response, json, placement_table);
+}

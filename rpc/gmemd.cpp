@@ -1,0 +1,116 @@
+// gmemd: serves the stats that processes under gmem publish in shared memory,
+// over gRPC on a unix socket (and optionally TCP and Prometheus HTTP), and
+// sweeps the stats files of processes that died without removing them.
+#include <grpcpp/server_builder.h>
+#include <gmem/stats.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "rpc/catalog.h"
+#include "rpc/listener.h"
+#include "rpc/metrics.h"
+#include "rpc/paths.h"
+#include "rpc/service.h"
+
+namespace {
+
+constexpr int exit_usage = 2;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gmem::rpc;
+  CLI::App app{"gmemd: serves live gmem stats over gRPC (gmem.v1.Gmem) for gmemctl and other clients"};
+  app.footer(
+      "Examples:\n"
+      "  gmemd                                  per-user daemon on $XDG_RUNTIME_DIR/gmem/gmemd.sock\n"
+      "  gmemd --metrics 127.0.0.1:9464         also serve Prometheus text on /metrics\n"
+      "  gmemd --socket /tmp/g.sock --stats-dir /tmp/stats\n"
+      "Stops cleanly on SIGTERM or SIGINT.");
+  std::string stats_dir = "/dev/shm", socket_path = default_socket_path(), listen_address, metrics_address;
+  double sweep_seconds = 2.0;
+  size_t max_watchers = 1024;
+  app.add_option("--stats-dir", stats_dir, "directory of the gmem.<pid> stats files (GMEM_CONF stats_dir)")
+      ->capture_default_str();
+  app.add_option("--socket", socket_path, "unix socket to serve on")->capture_default_str();
+  app.add_option("--listen", listen_address,
+                 "also serve gRPC on HOST:PORT (off by default; no credentials there: callers see what gmemd's uid sees)");
+  app.add_option("--metrics", metrics_address, "serve Prometheus text on http://HOST:PORT/metrics (off by default)");
+  app.add_option("--sweep-interval", sweep_seconds, "seconds between sweeps of dead processes' files")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  app.add_option("--max-watchers", max_watchers, "WatchStats streams served at once")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : exit_usage;
+  }
+
+  // Signals are taken synchronously by the main thread: block them before any
+  // thread (gRPC's included) exists, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Catalog catalog(stats_dir);
+  std::string problem;
+  if (!catalog.ok(&problem)) {
+    fprintf(stderr, "gmemd: %s (choose one with --stats-dir)\n", problem.c_str());
+    return 1;
+  }
+  auto listener = UnixListener::bind(socket_path, &problem);
+  if (!listener) {
+    fprintf(stderr, "gmemd: %s\n", problem.c_str());
+    return 1;
+  }
+  Service service(catalog, {geteuid(), max_watchers});
+  grpc::ServerBuilder builder;
+  int tcp_port = 0;
+  if (!listen_address.empty()) builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &tcp_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || (!listen_address.empty() && tcp_port == 0)) {
+    fprintf(stderr, "gmemd: cannot serve gRPC%s\n", listen_address.empty() ? "" : (" on " + listen_address).c_str());
+    return 1;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!metrics_address.empty()) {
+    metrics = MetricsServer::bind(metrics_address, &problem);
+    if (!metrics) {
+      fprintf(stderr, "gmemd: %s\n", problem.c_str());
+      server->Shutdown();
+      return 1;
+    }
+    Viewer everyone_gmemd_sees{geteuid()};
+    metrics->start([&catalog, everyone_gmemd_sees] { return prometheus_text(catalog, everyone_gmemd_sees); });
+  }
+  listener->start(server.get());
+  fprintf(stderr, "gmemd: serving unix:%s", socket_path.c_str());
+  if (tcp_port) fprintf(stderr, ", %s (port %d)", listen_address.c_str(), tcp_port);
+  if (metrics) fprintf(stderr, ", metrics on port %d", metrics->port());
+  fprintf(stderr, "; stats from %s\n", stats_dir.c_str());
+
+  timespec sweep_every{static_cast<time_t>(sweep_seconds), static_cast<long>((sweep_seconds - static_cast<time_t>(sweep_seconds)) * 1e9)};
+  int signal_number = 0;
+  for (;;) {
+    catalog.sweep();
+    signal_number = sigtimedwait(&stop_signals, nullptr, &sweep_every);
+    if (signal_number > 0) break;
+  }
+  fprintf(stderr, "gmemd: %s, stopping\n", strsignal(signal_number));
+  listener->stop();
+  if (metrics) metrics->stop();
+  // Open watch streams end with CANCELLED after a short grace period.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server->Wait();
+  return 0;
+}

@@ -1,0 +1,138 @@
+// Launching: the job under LD_PRELOAD/GMEM_CONF, and gmemd beside it.
+#include "rpc/run_job.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "rpc/paths.h"
+
+namespace gmem::rpc {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string gmemd_path() {
+  std::string sibling = own_directory() + "/gmemd";
+  return access(sibling.c_str(), X_OK) == 0 ? sibling : "gmemd";
+}
+
+// stats_dir from a GMEM_CONF string, or empty.
+std::string stats_dir_in(const std::string& conf) {
+  size_t start = 0;
+  while (start <= conf.size()) {
+    size_t end = conf.find(',', start);
+    std::string item = conf.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (item.rfind("stats_dir:", 0) == 0) return item.substr(10);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::vector<char*> argv_of(std::vector<std::string>& arguments) {
+  std::vector<char*> argv;
+  for (auto& a : arguments) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return argv;
+}
+
+// Starts gmemd detached (its own session; output to SOCKET.log) and waits
+// until it answers.
+bool start_daemon(Client& client, const std::string& socket, const std::string& stats_dir) {
+  std::string log = socket + ".log";
+  std::vector<std::string> arguments = {gmemd_path(), "--socket", socket};
+  if (!stats_dir.empty()) arguments.insert(arguments.end(), {"--stats-dir", stats_dir});
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    setsid();
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    dup2(null, 0);
+    dup2(out >= 0 ? out : null, 1);
+    dup2(out >= 0 ? out : null, 2);
+    // A second fork: gmemd must not stay our child (nobody would reap it).
+    if (fork() != 0) _exit(0);
+    auto argv = argv_of(arguments);
+    execvp(argv[0], argv.data());
+    fprintf(stderr, "gmemctl: cannot start %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  waitpid(pid, nullptr, 0);
+  if (client.answers(5, true)) {
+    fprintf(stderr, "gmemctl: started gmemd on %s (log: %s)\n", socket.c_str(), log.c_str());
+    return true;
+  }
+  fprintf(stderr, "gmemctl: gmemd did not come up on %s; see %s\n", socket.c_str(), log.c_str());
+  return false;
+}
+
+}  // namespace
+
+std::string find_shim() {
+  std::string built = own_directory() + "/../interpose/libcuda.so.1";
+  if (access(built.c_str(), R_OK) == 0) return fs::weakly_canonical(built).string();
+  if (access(GMEM_INSTALLED_SHIM, R_OK) == 0) return GMEM_INSTALLED_SHIM;
+  return "";
+}
+
+int run_job(const RunOptions& options) {
+  std::string shim = options.shim.empty() ? find_shim() : options.shim;
+  if (shim.empty() || access(shim.c_str(), R_OK) != 0) {
+    fprintf(stderr, "gmemctl: cannot find the gmem shim%s; name it with --shim PATH\n",
+            shim.empty() ? "" : (" at " + shim).c_str());
+    return exit_usage;
+  }
+  std::string conf = options.conf;
+  if (conf.empty() && std::getenv("GMEM_CONF")) conf = std::getenv("GMEM_CONF");
+  std::string stats_dir = options.stats_dir;
+  if (stats_dir.empty()) {
+    stats_dir = stats_dir_in(conf);
+  } else if (stats_dir_in(conf).empty()) {
+    conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
+  }
+  Client client(options.socket);
+  if (!client.answers(1) && !start_daemon(client, options.socket, stats_dir)) return exit_no_daemon;
+
+  std::string preload = shim;
+  if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;
+  std::vector<std::string> command = options.command;
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("gmemctl: fork");
+    return exit_failure;
+  }
+  if (pid == 0) {
+    setenv("LD_PRELOAD", preload.c_str(), 1);
+    if (!conf.empty()) setenv("GMEM_CONF", conf.c_str(), 1);
+    auto argv = argv_of(command);
+    execvp(argv[0], argv.data());
+    fprintf(stderr, "gmemctl: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  // As a shell does: ^C and SIGTERM are the job's to handle.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGQUIT, SIG_IGN);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int exec_daemon(const std::vector<std::string>& arguments) {
+  std::vector<std::string> all = {gmemd_path()};
+  all.insert(all.end(), arguments.begin(), arguments.end());
+  auto argv = argv_of(all);
+  execvp(argv[0], argv.data());
+  fprintf(stderr, "gmemctl: cannot start %s: %s\n", argv[0], strerror(errno));
+  return exit_failure;
+}
+
+}  // namespace gmem::rpc
