@@ -170,9 +170,51 @@ replay_traces_driver() {
   return "$rc"
 }
 
+# The stats plane on a training job: gmemctl run starts it under the shim,
+# gmemd serves its figures; gmemctl ps/stats/placement --json, the Prometheus
+# text and the screen of gmemctl top (under tmux) are saved in $out.
+stats_plane() {
+  local bin=$carry/bin sock=$out/gmemd.sock dir pid rc
+  [ -x "$bin/gmemd" ] || { echo "no .carry/bin/gmemd: pack a build with rpc/ (and patchelf)"; return 77; }
+  dir=$(mktemp -d /tmp/gmem-stats.XXXXXX)
+  "$bin/gmemd" --socket "$sock" --stats-dir "$dir" --metrics 127.0.0.1:9464 >"$out/gmemd.log" 2>&1 &
+  local daemon=$!
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$bin/gmemctl" --socket "$sock" run --shim "$shim" \
+    --conf pool:vmm --stats-dir "$dir" -- python3 tests/gpu/train.py --steps 2000 \
+    --losses "$out/stats-plane-losses.txt" >"$out/stats-plane-job.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 60); do
+    pid=$("$bin/gmemctl" --socket "$sock" ps --json 2>/dev/null | grep -o '"pid": *[0-9]*' | head -1 | grep -o '[0-9]*$')
+    [ -n "$pid" ] && break
+    sleep 1
+  done
+  [ -n "$pid" ] || { echo "the job never showed in gmemctl ps"; kill "$job" "$daemon"; return 1; }
+  sleep 10 # into training
+  echo "\$ gmemctl ps"; "$bin/gmemctl" --socket "$sock" ps
+  echo "\$ gmemctl stats $pid"; "$bin/gmemctl" --socket "$sock" stats "$pid"
+  "$bin/gmemctl" --socket "$sock" ps --json >"$out/gmemctl-ps.json"
+  "$bin/gmemctl" --socket "$sock" stats "$pid" --json >"$out/gmemctl-stats.json"
+  "$bin/gmemctl" --socket "$sock" placement "$pid" --json >"$out/gmemctl-placement.json"
+  python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode())' \
+    >"$out/gmemd-metrics.txt"
+  if command -v tmux >/dev/null; then
+    tmux new-session -d -s gmem-top -x 150 -y 30 "$bin/gmemctl --socket $sock top"
+    sleep 5
+    tmux capture-pane -p -t gmem-top >"$out/gmemctl-top.txt"
+    tmux kill-session -t gmem-top
+    echo "\$ gmemctl top (captured under tmux)"; cat "$out/gmemctl-top.txt"
+  else
+    echo "no tmux here: the top screen was not captured"
+  fi
+  wait "$job"
+  rc=$?
+  kill "$daemon"
+  echo "job exit status: $rc"
+  return "$rc"
+}
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
-export -f environment job_matches allreduce_under_shim trace_files replay_traces_torch replay_traces_driver
+export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
@@ -235,6 +277,8 @@ step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBR
 step traces-record 300 python3 tests/gpu/record_traces.py --out "$out/traces"
 step traces-torch 300 replay_traces_torch
 step traces-driver 240 replay_traces_driver "$carry/replay-trace"
+
+step stats-plane 200 stats_plane
 
 # Last, as the time budget cuts from the end: training with the VMM pool serving
 # every tensor (cudaMallocAsync) and torch's segments (default).

@@ -33,4 +33,23 @@ done
 for b in "$build"/tests/bench-* "$build"/tests/bench/*; do
   [ -f "$b" ] && [ -x "$b" ] && pack "$b" .carry/bench
 done
+# The stats plane: gmemd and gmemctl with the libraries the GPU machine lacks
+# (gRPC, protobuf, abseil...; everything but the C and C++ runtimes), found
+# through an RPATH of $ORIGIN/../lib that reaches only these two programs,
+# never the jobs they start. Needs patchelf.
+if [ -x "$build/rpc/gmemd" ] && [ -x "$build/rpc/gmemctl" ]; then
+  if command -v patchelf >/dev/null; then
+    mkdir -p .carry/bin .carry/lib
+    for p in gmemd gmemctl; do
+      pack "$build/rpc/$p" .carry/bin
+      # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader
+      patchelf --force-rpath --set-rpath '$ORIGIN/../lib' ".carry/bin/$p"
+    done
+    ldd "$build/rpc/gmemd" "$build/rpc/gmemctl" | awk '/=>/ {print $3}' | sort -u |
+      grep -Ev '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' |
+      while read -r lib; do pack "$lib" .carry/lib; done  # under the name the programs ask for
+  else
+    echo "pack-gpu: no patchelf (apt-get install patchelf): gmemd and gmemctl left out"
+  fi
+fi
 du -ah .carry | sort -h
