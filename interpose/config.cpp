@@ -1,5 +1,6 @@
 #include "interpose/config.h"
 
+#include <cstdlib>
 #include <iterator>
 #include <string_view>
 
@@ -32,6 +33,16 @@ bool parse_value(std::string_view text, config_type::source& out, std::string& e
   if (text == "driver") return out = config_type::source::driver, true;
   if (text == "vmm") return out = config_type::source::vmm, true;
   return false;
+}
+
+bool parse_value(std::string_view text, config_type::percent& out, std::string& expected) {
+  expected = "a percentage from 0 to 1000";
+  std::string copy(text);
+  char* end = nullptr;
+  double value = std::strtod(copy.c_str(), &end);
+  if (copy.empty() || *end || !(value >= 0 && value <= 1000)) return false;
+  out = value;
+  return true;
 }
 
 bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {

@@ -14,6 +14,7 @@ using flag = bool;
 using level = spdlog::level::level_enum;
 enum class source { driver, vmm };
 using path = std::string;
+using percent = double;
 }  // namespace config_type
 
 struct Config {

@@ -83,7 +83,8 @@ void initialise() {
     }
     if (!rt->config.disable) {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
-                                rt->config.pool == config_type::source::vmm, open_stats(rt->config));
+                                rt->config.pool == config_type::source::vmm, open_stats(rt->config),
+                                rt->config.pool_headroom / 100);
     }
   }
   the_runtime = rt;

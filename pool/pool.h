@@ -26,10 +26,11 @@ class Pool {
  public:
   // With `use_vmm`, device memory comes from gmem's VMM pool; with a
   // publisher, the pool's figures are published through it.
-  explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr)
+  explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
+                double headroom = VmmPool::default_headroom)
       : driver_(driver),
         publisher_(std::move(publisher)),
-        vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get()) : nullptr),
+        vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom) : nullptr),
         ledger_(publisher_.get()) {}
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);

@@ -218,7 +218,7 @@ CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>
   // While the pool holds little more than the most it ever had in use, new
   // memory serves the rest and cached ranges stay for their own sizes; beyond
   // that, cached ranges and empty slabs are taken apart first.
-  if (covered < size && d.figures.reserved + (size - covered) > d.budget()) {
+  if (covered < size && d.figures.reserved + (size - covered) > d.peak_used + std::size_t(double(d.peak_used) * headroom_)) {
     loosen_cached(device, size - covered);
     take_loose(device, size, &parts, &covered);
     if (covered < size && !d.empty_slabs.empty()) {

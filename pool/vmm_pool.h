@@ -50,7 +50,11 @@ struct OrderedFree {
 
 class VmmPool {
  public:
-  VmmPool(const vmm::Driver& driver, Publisher* publisher) : driver_(driver), publisher_(publisher) {}
+  // `headroom`: how much more than its peak use, as a fraction of it, the pool
+  // may hold before it takes cached memory apart rather than grow.
+  VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom)
+      : driver_(driver), publisher_(publisher), headroom_(headroom) {}
+  static constexpr double default_headroom = 1.0 / 64;
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
   // `quiet`: a stream capture is under way, which a query of an event or a
@@ -114,11 +118,6 @@ class VmmPool {
     std::set<Range*> empty_slabs;  // slabs with no block in use (some frees may be pending)
     Figures figures;
     std::size_t peak_used = 0;  // the most ever in use (figures.used_high may be reset)
-    // What the pool may hold before it takes cached memory apart rather than
-    // grow: 1/64 more than the most ever in use. (On the recorded traces,
-    // tests/bench/pool_policy.cpp: 1/64 keeps peak physical / peak requested
-    // at 1.03 and 1.02; 1/16, at 1.08 and 1.06 for a third less driver work.)
-    std::size_t budget() const { return peak_used + peak_used / 64; }
   };
 
   // A free block of a slab of `class_size`, or a new slab's first.
@@ -158,6 +157,11 @@ class VmmPool {
 
   const vmm::Driver& driver_;
   Publisher* const publisher_;
+  // What the pool may hold before it takes cached memory apart rather than
+  // grow: peak use plus this fraction of it. On the recorded traces
+  // (tests/bench/pool_policy.cpp) 1/64 keeps peak physical / peak requested at
+  // 1.03 and 1.02; 1/16 gives 1.08 and 1.06 for a third less driver work.
+  const double headroom_;
   mutable std::mutex mutex_;
   bool quiet_ = false;  // the current call's, under mutex_
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address

@@ -3,7 +3,8 @@
 #pragma once
 
 // X(name, type, default, doc). Types: flag (0/1), level (a log level),
-// source (driver or vmm), path (an absolute directory).
+// source (driver or vmm), percent (a number from 0 to 1000), path (an
+// absolute directory).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -13,6 +14,9 @@
   X(pool, source, "driver",                                                          \
     "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
     "pool of cached, stitched VMM chunks; experimental)")                           \
+  X(pool_headroom, percent, "1.5",                                                   \
+    "pool:vmm grows while it holds at most this percentage more than its peak use; "  \
+    "beyond, it restitches cached memory (more: faster, less: less memory)")          \
   X(stats, flag, "1",                                                                \
     "1: publish live figures (include/gmem/stats.h) for gmemd and gmemctl in a "      \
     "file in stats_dir, removed at exit")                                             \

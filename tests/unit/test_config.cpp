@@ -33,19 +33,23 @@ TEST(Config, ReadsEveryKey) {
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {
   ConfigResult r = parse_config("report:1,repot:1");
-  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, stats, stats_dir, log_level)");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, pool_headroom, stats, stats_dir, log_level)");
 }
 
 TEST(Config, BadValueSaysWhatIsExpected) {
   EXPECT_EQ(parse_config("report:yes").error, "bad value 'yes' for key 'report' (expected 0 or 1)");
   EXPECT_NE(parse_config("log_level:loud").error.find("expected one of trace, debug"), std::string::npos);
   EXPECT_NE(parse_config("disable:").error, "");
+  EXPECT_EQ(parse_config("pool_headroom:25").config.pool_headroom, 25.0);
+  EXPECT_EQ(parse_config("pool_headroom:-1").error,
+            "bad value '-1' for key 'pool_headroom' (expected a percentage from 0 to 1000)");
+  EXPECT_NE(parse_config("pool_headroom:5x").error, "");
   EXPECT_EQ(parse_config("stats_dir:run/gmem").error,
             "bad value 'run/gmem' for key 'stats_dir' (expected an absolute path)");
 }
 
 TEST(Config, ItemWithoutColonIsAnError) {
-  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, stats, stats_dir, log_level)");
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, pool_headroom, stats, stats_dir, log_level)");
 }
 
 TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {
