@@ -1,5 +1,7 @@
 #include "pool/pool.h"
 
+#include <cstring>
+
 namespace gmem::pool {
 
 Allocation Pool::describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const {
@@ -12,7 +14,21 @@ Allocation Pool::describe(uint64_t key, std::size_t size, Kind kind, CUstream st
   driver_.cuCtxGetCurrent(&a.context);
   CUdevice device = -1;
   if (driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS) a.device = device;
+  if (publisher_ && device >= 0 && device < GMEM_STATS_MAX_DEVICES) publish_uuid(device);
   return a;
+}
+
+// Readers tell devices apart by uuid (ordinals depend on CUDA_VISIBLE_DEVICES):
+// published once per device, at its first allocation.
+void Pool::publish_uuid(int device) const {
+  const uint32_t bit = 1u << device;
+  if (uuids_published_.load(std::memory_order_relaxed) & bit) return;
+  if (uuids_published_.fetch_or(bit, std::memory_order_relaxed) & bit) return;
+  CUuuid uuid{};
+  if (driver_.cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return;
+  uint8_t bytes[16];
+  std::memcpy(bytes, uuid.bytes, sizeof bytes);
+  publisher_->set_uuid(device, bytes);
 }
 
 // Frees through `free_call` and keeps the registry in step with the driver: the

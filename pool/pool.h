@@ -78,6 +78,7 @@ class Pool {
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
+  void publish_uuid(int device) const;
   // Serves `a` from the VMM pool, ordered on `stream` (0: none).
   CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream);
   bool capturing(CUstream stream, DefaultStream default_stream) const;
@@ -93,6 +94,7 @@ class Pool {
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<VmmPool> vmm_;
   std::atomic<int> captures_{0};
+  mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;
   Registry allocations_{ledger_};  // by device address
   Registry handles_{ledger_};      // physical allocations, by handle

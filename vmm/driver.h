@@ -44,6 +44,7 @@ namespace gmem::vmm {
   X(cuStreamIsCapturing_ptsz, cuStreamIsCapturing)              \
   X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)       \
   X(cuDeviceTotalMem_v2, cuDeviceTotalMem_v2)                   \
+  X(cuDeviceGetUuid_v2, cuDeviceGetUuid_v2)                     \
   X(cuMemPoolGetAttribute, cuMemPoolGetAttribute)               \
   X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
   X(cuMemPoolTrimTo, cuMemPoolTrimTo)

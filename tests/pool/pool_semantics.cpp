@@ -41,6 +41,10 @@ class OwnStats {
     auto* devices = reinterpret_cast<const gmem_device_stats*>(map_ + header().device_offset);
     return __atomic_load_n(&devices[d].slots[stat], __ATOMIC_RELAXED);
   }
+  std::string uuid(int d) const {
+    auto* devices = reinterpret_cast<const gmem_device_stats*>(map_ + header().device_offset);
+    return std::string(reinterpret_cast<const char*>(devices[d].uuid), sizeof devices[d].uuid);
+  }
   // Live placement entries (size != 0), read with the sequence lock.
   std::vector<gmem_placement> placements() const {
     std::vector<gmem_placement> out;
@@ -210,6 +214,9 @@ TEST_F(Pool, PublishesWhatTheProgramHolds) {
     EXPECT_EQ(e.device, 0);
   }
   EXPECT_EQ(seen, 2);
+  CUuuid uuid{};
+  ASSERT_EQ(cuDeviceGetUuid_v2(&uuid, 0), CUDA_SUCCESS);
+  EXPECT_EQ(stats.uuid(0), std::string(uuid.bytes, sizeof uuid.bytes));
   ASSERT_EQ(cuMemFreeAsync(small, s1_), CUDA_SUCCESS);
   ASSERT_EQ(cuMemFree_v2(large), CUDA_SUCCESS);
   EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), in_use);
