@@ -143,6 +143,25 @@ void Publisher::add(int device, gmem_device_stat stat, int64_t delta) {
   if (delta > 0 && stat == GMEM_STAT_in_use_bytes) raise_peak(*slot(device, GMEM_STAT_peak_in_use_bytes), now);
 }
 
+void Publisher::account(int device, Event event, uint64_t size, bool reserved) {
+  uint64_t* s = slot(device, GMEM_STAT_reserved_bytes);
+  if (!s) return;
+  uint64_t* slots = s - GMEM_STAT_reserved_bytes;
+  const bool allocation = event == Event::allocation;
+  const int64_t bytes = allocation ? int64_t(size) : -int64_t(size);
+  auto add = [&](gmem_device_stat stat, int64_t delta) {
+    return std::atomic_ref<uint64_t>(slots[stat]).fetch_add(uint64_t(delta), std::memory_order_relaxed) + delta;
+  };
+  add(allocation ? GMEM_STAT_allocations : GMEM_STAT_frees, 1);
+  add(GMEM_STAT_device_bytes, bytes);
+  const uint64_t in_use = add(GMEM_STAT_in_use_bytes, bytes);
+  if (allocation) raise_peak(slots[GMEM_STAT_peak_in_use_bytes], in_use);
+  if (reserved) {
+    const uint64_t now = add(GMEM_STAT_reserved_bytes, bytes);
+    if (allocation) raise_peak(slots[GMEM_STAT_peak_reserved_bytes], now);
+  }
+}
+
 void Publisher::set(int device, gmem_device_stat stat, uint64_t value) {
   if (uint64_t* s = slot(device, stat)) std::atomic_ref<uint64_t>(*s).store(value, std::memory_order_relaxed);
 }

@@ -36,6 +36,11 @@ class Publisher {
   void set(int device, gmem_device_stat stat, uint64_t value);
   uint64_t get(int device, gmem_device_stat stat) const;
   void set_uuid(int device, const uint8_t (&uuid)[16]);
+  enum class Event : bool { allocation, free };
+  // One allocation or free of `bytes` on the device tier: counts, in-use and
+  // device bytes, and reserved bytes where the driver, not the pool, holds
+  // the memory (`reserved`).
+  void account(int device, Event event, uint64_t bytes, bool reserved);
 
   // Lists an allocation; returns its slot, or no_slot when the table is full
   // (counted in placement_dropped). unplace() takes a slot back.

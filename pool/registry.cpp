@@ -44,12 +44,8 @@ void Ledger::count_allocation(Allocation& a) {
   raise_peak(c.peak_bytes, c.live_bytes.fetch_add(a.size, std::memory_order_relaxed) + a.size);
   raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
   if (!publisher_) return;
-  const auto size = int64_t(a.size);
-  publisher_->add(a.device, GMEM_STAT_allocations, 1);
-  publisher_->add(a.device, GMEM_STAT_in_use_bytes, size);
-  publisher_->add(a.device, GMEM_STAT_device_bytes, size);
   // What the pool serves is reserved as chunks; what the driver serves, as asked.
-  if (!a.pooled) publisher_->add(a.device, GMEM_STAT_reserved_bytes, size);
+  publisher_->account(a.device, Publisher::Event::allocation, a.size, !a.pooled);
   // A program's own physical handles have no address to list.
   if (a.kind != Kind::physical) {
     a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, GMEM_TIER_DEVICE,
@@ -63,11 +59,7 @@ void Ledger::count_free(const Allocation& a) {
   c.live_bytes.fetch_sub(a.size, std::memory_order_relaxed);
   live_bytes_.fetch_sub(a.size, std::memory_order_relaxed);
   if (!publisher_) return;
-  const auto size = int64_t(a.size);
-  publisher_->add(a.device, GMEM_STAT_frees, 1);
-  publisher_->add(a.device, GMEM_STAT_in_use_bytes, -size);
-  publisher_->add(a.device, GMEM_STAT_device_bytes, -size);
-  if (!a.pooled) publisher_->add(a.device, GMEM_STAT_reserved_bytes, -size);
+  publisher_->account(a.device, Publisher::Event::free, a.size, !a.pooled);
   publisher_->unplace(a.placement);
 }
 
