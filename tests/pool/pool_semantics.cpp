@@ -223,6 +223,25 @@ TEST_F(Pool, PublishesWhatTheProgramHolds) {
   for (const gmem_placement& e : stats.placements()) EXPECT_TRUE(e.base != small && e.base != large);
 }
 
+// A loop that allocates and frees the same things, as a training step does,
+// holds no more memory after its first rounds.
+TEST_F(Pool, ASteadyLoopDoesNotGrow) {
+  const std::size_t sizes[] = {1000, 70000, 600 * 1024, 3 * mib + 5, 17 * mib, 64 * mib, 5 * mib};
+  uint64_t settled = 0;
+  for (int round = 0; round < 200; ++round) {
+    std::vector<CUdeviceptr> live;
+    for (std::size_t size : sizes) live.push_back(alloc_on(round % 2 ? s1_ : s2_, size));
+    CUdeviceptr sync = 0;
+    ASSERT_EQ(cuMemAlloc_v2(&sync, 9 * mib), CUDA_SUCCESS);
+    for (CUdeviceptr p : live) ASSERT_EQ(cuMemFreeAsync(p, round % 2 ? s1_ : s2_), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemFree_v2(sync), CUDA_SUCCESS);
+    ASSERT_EQ(cuStreamSynchronize(round % 2 ? s1_ : s2_), CUDA_SUCCESS);
+    if (round == 10) settled = OwnStats().device(0, GMEM_STAT_reserved_bytes);
+  }
+  EXPECT_GT(settled, 0u);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_reserved_bytes), settled);
+}
+
 // What cuMemAllocAsync's pool reports includes gmem's pool, and trimming it
 // gives the cached memory back.
 TEST_F(Pool, TheDefaultMemoryPoolTellsTheTruthAboutGmemsPool) {
