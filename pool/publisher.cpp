@@ -166,11 +166,6 @@ void Publisher::set(int device, gmem_device_stat stat, uint64_t value) {
   if (uint64_t* s = slot(device, stat)) std::atomic_ref<uint64_t>(*s).store(value, std::memory_order_relaxed);
 }
 
-uint64_t Publisher::get(int device, gmem_device_stat stat) const {
-  uint64_t* s = slot(device, stat);
-  return s ? std::atomic_ref<uint64_t>(*s).load(std::memory_order_relaxed) : 0;
-}
-
 void Publisher::set_uuid(int device, const uint8_t (&uuid)[16]) {
   if (!slot(device, GMEM_STAT_reserved_bytes)) return;
   auto* devices = reinterpret_cast<gmem_device_stats*>(static_cast<char*>(map_) + device_offset);

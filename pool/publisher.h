@@ -22,8 +22,6 @@ class Publisher {
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
-  const std::string& path() const { return path_; }  // empty once removed
-
   // At exit: readers are told the process is gone (the mapping stays, for
   // threads still running).
   void remove_file();
@@ -34,7 +32,6 @@ class Publisher {
   // add() of reserved_bytes or in_use_bytes also raises the matching peak.
   void add(int device, gmem_device_stat stat, int64_t delta);
   void set(int device, gmem_device_stat stat, uint64_t value);
-  uint64_t get(int device, gmem_device_stat stat) const;
   void set_uuid(int device, const uint8_t (&uuid)[16]);
   enum class Event : bool { allocation, free };
   // One allocation or free of `bytes` on the device tier: counts, in-use and
@@ -46,8 +43,6 @@ class Publisher {
   // (counted in placement_dropped). unplace() takes a slot back.
   uint32_t place(const gmem_placement& entry);
   void unplace(uint32_t slot);
-
-  const gmem_stats_header& header() const { return *header_; }
 
  private:
   Publisher(std::string path, void* map, std::size_t bytes);
