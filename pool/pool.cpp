@@ -80,15 +80,25 @@ CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
   return status;
 }
 
+// What the driver serves itself may fail for memory the pool caches: the pool
+// gives its cache back and the call is tried once more.
+template <typename Call>
+CUresult Pool::with_cache_given_back(Call&& call) {
+  CUresult status = call();
+  if (status == CUDA_ERROR_OUT_OF_MEMORY && vmm_ && vmm_->give_back_cache(quiet())) status = call();
+  return status;
+}
+
 CUresult Pool::alloc_pitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width, std::size_t height,
                            unsigned element_size) {
-  CUresult status = driver_.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  CUresult status =
+      with_cache_given_back([&] { return driver_.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size); });
   if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, *pitch * height, Kind::pitched, nullptr));
   return status;
 }
 
 CUresult Pool::alloc_managed(CUdeviceptr* dptr, std::size_t size, unsigned flags) {
-  CUresult status = driver_.cuMemAllocManaged(dptr, size, flags);
+  CUresult status = with_cache_given_back([&] { return driver_.cuMemAllocManaged(dptr, size, flags); });
   if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::managed, nullptr));
   return status;
 }
@@ -137,13 +147,13 @@ CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem
     return alloc_pooled(dptr, describe(0, size, Kind::async, stream), stream_identity(stream, default_stream));
   }
   const bool per_thread = default_stream == DefaultStream::per_thread;
-  CUresult status;
-  if (mempool) {
-    status = (per_thread ? driver_.cuMemAllocFromPoolAsync_ptsz : driver_.cuMemAllocFromPoolAsync)(
-        dptr, size, mempool, stream);
-  } else {
-    status = (per_thread ? driver_.cuMemAllocAsync_ptsz : driver_.cuMemAllocAsync)(dptr, size, stream);
-  }
+  CUresult status = with_cache_given_back([&] {
+    if (mempool) {
+      return (per_thread ? driver_.cuMemAllocFromPoolAsync_ptsz : driver_.cuMemAllocFromPoolAsync)(dptr, size,
+                                                                                                  mempool, stream);
+    }
+    return (per_thread ? driver_.cuMemAllocAsync_ptsz : driver_.cuMemAllocAsync)(dptr, size, stream);
+  });
   if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::async, stream));
   return status;
 }
@@ -248,7 +258,7 @@ CUresult Pool::pointer_attributes(unsigned count, CUpointer_attribute* attribute
 
 CUresult Pool::create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
                       unsigned long long flags) {
-  CUresult status = driver_.cuMemCreate(handle, size, prop, flags);
+  CUresult status = with_cache_given_back([&] { return driver_.cuMemCreate(handle, size, prop, flags); });
   if (status == CUDA_SUCCESS) {
     Allocation a = describe(*handle, size, Kind::physical, nullptr);
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) a.device = prop->location.id;

@@ -79,6 +79,8 @@ class Pool {
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
   void publish_uuid(int device) const;
+  template <typename Call>
+  CUresult with_cache_given_back(Call&& call);
   // Serves `a` from the VMM pool, ordered on `stream` (0: none).
   CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream);
   bool capturing(CUstream stream, DefaultStream default_stream) const;

@@ -437,6 +437,23 @@ void VmmPool::reset_high(int device, High which) {
 void VmmPool::trim(int device, std::size_t keep) {
   std::lock_guard lock(mutex_);
   quiet_ = false;
+  trim_locked(device, keep);
+}
+
+bool VmmPool::give_back_cache(bool quiet) {
+  std::lock_guard lock(mutex_);
+  quiet_ = quiet;
+  complete_pending_frees();
+  bool released = false;
+  for (auto& [device, d] : devices_) {
+    const std::size_t reserved = d.figures.reserved;
+    trim_locked(device, 0);
+    released |= d.figures.reserved < reserved;
+  }
+  return released;
+}
+
+void VmmPool::trim_locked(int device, std::size_t keep) {
   Device& d = devices_[device];
   loosen_empty_slabs(device);
   if (d.cached_bytes > keep) loosen_cached(device, d.cached_bytes - keep);

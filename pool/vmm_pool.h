@@ -81,6 +81,9 @@ class VmmPool {
   // Gives cached memory whose frees have completed back to the driver until at
   // most `keep` bytes stay cached on `device`.
   void trim(int device, std::size_t keep);
+  // Every device's cached memory back to the driver (after waiting for
+  // pending frees, unless `quiet`); true if any went back.
+  bool give_back_cache(bool quiet);
   // A destroyed context's allocations become free (no kernel can touch them).
   void forget_context(CUcontext context);
 
@@ -141,6 +144,7 @@ class VmmPool {
   std::size_t loosen_cached(int device, std::size_t want);
   // Moves loose chunks into `parts` until they cover `size`.
   void take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered);
+  void trim_locked(int device, std::size_t keep);
   // Whether memory freed as `pending` may serve a request ordered on `stream`;
   // once the free is known complete, `pending` is cleared.
   bool reusable(Pending& pending, StreamId stream);

@@ -242,6 +242,28 @@ TEST_F(Pool, ASteadyLoopDoesNotGrow) {
   EXPECT_EQ(OwnStats().device(0, GMEM_STAT_reserved_bytes), settled);
 }
 
+// Memory the pool caches does not keep the program's own driver calls from
+// succeeding: on out-of-memory the pool gives its cache back and the driver
+// is asked again.
+TEST_F(Pool, TheCacheMakesWayForTheDriversOwnAllocations) {
+  std::size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
+  const std::size_t big = free_bytes / 4 * 3 / (2 * mib) * (2 * mib);
+  CUdeviceptr p = alloc_on(s1_, big);
+  ASSERT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);  // cached, its free pending until synchronized
+  ASSERT_GE(OwnStats().device(0, GMEM_STAT_cached_free_bytes), big);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemGenericAllocationHandle handle = 0;
+  ASSERT_EQ(cuMemCreate(&handle, big, &prop, 0), CUDA_SUCCESS);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_cached_free_bytes), 0u);
+  EXPECT_EQ(cuMemRelease(handle), CUDA_SUCCESS);
+  CUdeviceptr q = 0;
+  ASSERT_EQ(cuMemAllocAsync(&q, big, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFreeAsync(q, s1_), CUDA_SUCCESS);
+}
+
 // What cuMemAllocAsync's pool reports includes gmem's pool, and trimming it
 // gives the cached memory back.
 TEST_F(Pool, TheDefaultMemoryPoolTellsTheTruthAboutGmemsPool) {
