@@ -54,6 +54,14 @@ VmmPool::Range* VmmPool::range_of(CUdeviceptr ptr) {
   return const_cast<Range*>(std::as_const(*this).range_of(ptr));
 }
 
+std::size_t VmmPool::block_index(const Range& range, CUdeviceptr ptr) {
+  return (ptr - range.va.base()) / (range.class_size ? range.class_size : range.va.size());
+}
+
+bool VmmPool::starts_live_block(const Range& range, std::size_t index, CUdeviceptr ptr) {
+  return range.blocks[index].base == ptr && range.blocks[index].size != 0;
+}
+
 CUevent VmmPool::take_event(CUcontext context) {
   auto& spare = events_[context];
   if (!spare.empty()) {
@@ -81,15 +89,20 @@ bool VmmPool::reusable(Pending& pending, StreamId stream) {
   return false;
 }
 
+template <typename Visit>
+void VmmPool::for_each_pending(Visit&& visit) {
+  for (auto& [device, d] : devices_) {
+    for (auto& [size, range] : d.cached) visit(range->pending);
+    for (auto& [size, list] : d.free_blocks) {
+      for (FreeBlock& b : list) visit(b.pending);
+    }
+  }
+}
+
 void VmmPool::complete_pending_frees() {
   if (quiet_) return;
   driver_.cuCtxSynchronize();
-  for (auto& [device, d] : devices_) {
-    for (auto& [size, range] : d.cached) reusable(range->pending, 0);
-    for (auto& [size, list] : d.free_blocks) {
-      for (FreeBlock& b : list) reusable(b.pending, 0);
-    }
-  }
+  for_each_pending([&](Pending& p) { reusable(p, 0); });
 }
 
 CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out) {
@@ -138,13 +151,14 @@ void VmmPool::unmap_range(Range& range) {
   if (range.chunks.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
 }
 
+void VmmPool::keep_loose(Device& d, vmm::Chunk chunk) {
+  const std::size_t bytes = chunk.size();
+  d.loose.emplace(bytes, std::move(chunk));
+}
+
 void VmmPool::loosen(Range& range) {
   unmap_range(range);
-  auto& loose = devices_[range.device].loose;
-  for (auto& c : range.chunks) {
-    std::size_t bytes = c.size();
-    loose.emplace(bytes, std::move(c));
-  }
+  for (auto& c : range.chunks) keep_loose(devices_[range.device], std::move(c));
   range.chunks.clear();
   ranges_.erase(range.va.base());  // frees the address range (and `range`)
 }
@@ -200,7 +214,7 @@ void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* 
       if (new_chunk(device, need, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
       if (new_chunk(device, rest, &remainder) == CUDA_SUCCESS) {
         d.cached_bytes += rest;
-        d.loose.emplace(rest, std::move(remainder));
+        keep_loose(d, std::move(remainder));
       }
       chunk = std::move(part);
     }
@@ -242,8 +256,7 @@ CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>
     if (status != CUDA_SUCCESS) {
       for (auto& c : parts) {
         d.cached_bytes += c.size();
-        std::size_t bytes = c.size();
-        d.loose.emplace(bytes, std::move(c));
+        keep_loose(d, std::move(c));
       }
       publish_free_figures(device);
       return status;
@@ -374,9 +387,8 @@ std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {
   std::lock_guard lock(mutex_);
   Range* range = range_of(ptr);
   if (!range) return CUDA_ERROR_INVALID_VALUE;
-  const std::size_t step = range->class_size ? range->class_size : range->va.size();
-  const std::size_t index = (ptr - range->va.base()) / step;
-  if (range->blocks[index].base != ptr || range->blocks[index].size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t index = block_index(*range, ptr);
+  if (!starts_live_block(*range, index, ptr)) return CUDA_ERROR_INVALID_VALUE;
   release(*range, index, Pending{});
   return CUDA_SUCCESS;
 }
@@ -386,9 +398,8 @@ std::optional<CUresult> VmmPool::free_async(CUdeviceptr ptr, OrderedFree order, 
   quiet_ = quiet;
   Range* range = range_of(ptr);
   if (!range) return std::nullopt;
-  const std::size_t step = range->class_size ? range->class_size : range->va.size();
-  const std::size_t index = (ptr - range->va.base()) / step;
-  if (range->blocks[index].base != ptr || range->blocks[index].size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t index = block_index(*range, ptr);
+  if (!starts_live_block(*range, index, ptr)) return CUDA_ERROR_INVALID_VALUE;
   if (captured) {
     release(*range, index, Pending{order.id, nullptr, nullptr, true});
     return CUDA_SUCCESS;
@@ -409,8 +420,7 @@ std::optional<Block> VmmPool::find(CUdeviceptr ptr) const {
   std::lock_guard lock(mutex_);
   const Range* range = range_of(ptr);
   if (!range) return std::nullopt;
-  const std::size_t step = range->class_size ? range->class_size : range->va.size();
-  const Block& block = range->blocks[(ptr - range->va.base()) / step];
+  const Block& block = range->blocks[block_index(*range, ptr)];
   if (block.size == 0 || ptr >= block.base + block.size) return Block{};
   return block;
 }
@@ -474,13 +484,9 @@ void VmmPool::forget_context(CUcontext context) {
     }
   }
   // The context's events went with it; its work is over, so its frees are complete.
-  auto done = [&](Pending& p) {
+  for_each_pending([&](Pending& p) {
     if (p.context == context) p = Pending{};
-  };
-  for (auto& [device, d] : devices_) {
-    for (auto& [size, range] : d.cached) done(range->pending);
-    for (auto& [size, list] : d.free_blocks) std::for_each(list.begin(), list.end(), [&](FreeBlock& b) { done(b.pending); });
-  }
+  });
   events_.erase(context);
 }
 

@@ -155,6 +155,13 @@ class VmmPool {
   Device& device_state(int device);
   const Range* range_of(CUdeviceptr ptr) const;
   Range* range_of(CUdeviceptr ptr);
+  // The block of `range` that holds `ptr`, and whether a live allocation starts at `ptr`.
+  static std::size_t block_index(const Range& range, CUdeviceptr ptr);
+  static bool starts_live_block(const Range& range, std::size_t index, CUdeviceptr ptr);
+  void keep_loose(Device& d, vmm::Chunk chunk);
+  // Calls `visit` on every free's Pending: cached ranges and free slab blocks.
+  template <typename Visit>
+  void for_each_pending(Visit&& visit);
   void release(Range& range, std::size_t index, Pending pending);
   void publish(int device, gmem_device_stat stat, int64_t delta);
   void publish_free_figures(int device);
