@@ -44,7 +44,7 @@ std::unique_ptr<pool::Publisher> open_stats(const Config& config) {
 
 void print_report() {
   if (the_runtime && the_runtime->pool) {
-    std::string text = pool::format_report(the_runtime->pool->stats(), getpid());
+    std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm());
     fputs(text.c_str(), stderr);
   }
 }

@@ -75,6 +75,7 @@ class Pool {
   Stats stats() const { return ledger_.stats(); }
   const Registry& allocations() const { return allocations_; }
   Publisher* publisher() const { return publisher_.get(); }
+  const VmmPool* vmm() const { return vmm_.get(); }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;

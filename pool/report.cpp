@@ -18,7 +18,7 @@ void line(std::string& out, const char* name, const KindStats& k) {
 
 }  // namespace
 
-std::string format_report(const Stats& stats, pid_t pid) {
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm) {
   std::string out = "gmem: report for pid " + std::to_string(pid) + "\n";
   KindStats total;
   for (std::size_t i = 0; i < kind_count; ++i) {
@@ -31,6 +31,19 @@ std::string format_report(const Stats& stats, pid_t pid) {
   total.live_bytes = stats.live_bytes;
   total.peak_bytes = stats.peak_bytes;
   line(out, "total", total);
+  for (int device : vmm ? vmm->devices() : std::vector<int>{}) {
+    const VmmPool::Figures f = vmm->figures(device);
+    const VmmPool::Work w = vmm->work(device);
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "gmem: report vmm-pool device=%d reserved_peak=%zu used_peak=%zu hits=%" PRIu64 " misses=%" PRIu64
+             " chunks_made=%" PRIu64 " chunks_released=%" PRIu64 " maps=%" PRIu64 " unmaps=%" PRIu64
+             " driver_us=%" PRIu64 "\n",
+             device, f.reserved_high, f.used_high, w.hits, w.misses, w.chunks_made, w.chunks_released, w.maps,
+             w.unmaps, w.driver_ns / 1000);
+    out += buf;
+  }
+  if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n";
   return out;
 }
 

@@ -1,7 +1,6 @@
 // The one-screen summary that report:1 prints at exit. One line per kind, each
 // "gmem: report <kind> allocs=N frees=N bytes=N live_bytes=N peak_bytes=N"
-// (bytes: allocated over the whole run), so that
-// scripts can read it too.
+// (bytes: allocated over the whole run), so that scripts can read it too.
 #pragma once
 
 #include <sys/types.h>
@@ -9,9 +8,12 @@
 #include <string>
 
 #include "pool/allocation.h"
+#include "pool/vmm_pool.h"
 
 namespace gmem::pool {
 
-std::string format_report(const Stats& stats, pid_t pid);
+// With the VMM pool, one more line per device: its peaks, how often cached
+// memory served a request as it was, and the driver work the rest cost.
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm = nullptr);
 
 }  // namespace gmem::pool

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 
 namespace gmem::pool {
 
@@ -9,6 +10,19 @@ namespace {
 
 constexpr std::size_t slab_size = 2 << 20;
 constexpr std::size_t smallest_class = 512;
+
+// Adds the time from its making to its end to `total`.
+class Timer {
+ public:
+  explicit Timer(uint64_t& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Timer() {
+    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  uint64_t& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -28,7 +42,7 @@ void VmmPool::publish(int device, gmem_device_stat stat, int64_t delta) {
 void VmmPool::publish_free_figures(int device) {
   if (!publisher_) return;
   const Device& d = devices_[device];
-  std::size_t largest = d.cached.empty() ? 0 : d.cached.rbegin()->first;
+  std::size_t largest = d.free_pieces.empty() ? 0 : d.free_pieces.rbegin()->first.first;
   for (auto it = d.free_blocks.rbegin(); largest == 0 && it != d.free_blocks.rend(); ++it) {
     if (!it->second.empty()) largest = it->first;
   }
@@ -62,37 +76,51 @@ bool VmmPool::starts_live_block(const Range& range, std::size_t index, CUdevicep
   return range.blocks[index].base == ptr && range.blocks[index].size != 0;
 }
 
-CUevent VmmPool::take_event(CUcontext context) {
-  auto& spare = events_[context];
+VmmPool::Fence* VmmPool::take_fence(CUcontext context) {
+  auto& spare = spare_fences_[context];
   if (!spare.empty()) {
-    CUevent event = spare.back();
+    Fence* fence = spare.back();
     spare.pop_back();
-    return event;
+    return fence;
   }
   CUevent event = nullptr;
-  return driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS ? event : nullptr;
+  if (driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return &fences_.emplace_back(Fence{event, context, 0});
 }
 
-void VmmPool::recycle_event(Pending& pending) {
-  if (pending.event) events_[pending.context].push_back(pending.event);
+void VmmPool::share(Pending& to, const Pending& from) {
+  settle(to);
+  to = from;
+  if (to.fence) ++to.fence->users;
+}
+
+void VmmPool::settle(Pending& pending) {
+  if (pending.fence && --pending.fence->users == 0) spare_fences_[pending.fence->context].push_back(pending.fence);
   pending = Pending{};
 }
 
-bool VmmPool::reusable(Pending& pending, StreamId stream) {
+bool VmmPool::ready(Pending& pending, StreamId stream) {
   if (pending.never) return false;
-  if (!pending.event) return true;
+  if (!pending.fence) return true;
   // On the stream of the free, stream order already puts the new work after it.
-  if ((stream && pending.stream == stream) || (!quiet_ && driver_.cuEventQuery(pending.event) == CUDA_SUCCESS)) {
-    recycle_event(pending);
-    return true;
-  }
-  return false;
+  if (stream && pending.stream == stream) return true;
+  if (quiet_) return false;
+  ++queries_;
+  if (driver_.cuEventQuery(pending.fence->event) != CUDA_SUCCESS) return false;
+  settle(pending);
+  return true;
+}
+
+bool VmmPool::ready(const Range& range, StreamId stream) {
+  return std::all_of(range.pieces.begin(), range.pieces.end(),
+                     [&](Piece* p) { return !p->holder && ready(p->pending, stream); });
 }
 
 template <typename Visit>
 void VmmPool::for_each_pending(Visit&& visit) {
   for (auto& [device, d] : devices_) {
-    for (auto& [size, range] : d.cached) visit(range->pending);
+    for (auto& [key, piece] : d.free_pieces) visit(piece->pending);
+    for (auto& [size, range] : d.cached) visit(range->last_free);
     for (auto& [size, list] : d.free_blocks) {
       for (FreeBlock& b : list) visit(b.pending);
     }
@@ -102,181 +130,258 @@ void VmmPool::for_each_pending(Visit&& visit) {
 void VmmPool::complete_pending_frees() {
   if (quiet_) return;
   driver_.cuCtxSynchronize();
-  for_each_pending([&](Pending& p) { reusable(p, 0); });
+  for_each_pending([&](Pending& p) { ready(p, 0); });
 }
 
-CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out) {
-  CUresult status = vmm::Chunk::create(driver_, device, size, out);
-  if (status == CUDA_SUCCESS) {
-    Figures& f = devices_[device].figures;
-    f.reserved += size;
-    f.reserved_high = std::max(f.reserved_high, f.reserved);
-    publish(device, GMEM_STAT_reserved_bytes, int64_t(size));
-    publish(device, GMEM_STAT_chunks, 1);
+CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out) {
+  Device& d = devices_[device];
+  vmm::Chunk memory;
+  {
+    Timer timer(d.work.driver_ns);
+    if (CUresult status = vmm::Chunk::create(driver_, device, size, &memory)) return status;
   }
-  return status;
-}
-
-CUresult VmmPool::map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out) {
-  auto range = std::make_unique<Range>();
-  std::size_t total = 0;
-  for (const auto& c : chunks) total += c.size();
-  CUresult status = vmm::Reservation::reserve(driver_, total, &range->va);
-  std::size_t offset = 0;
-  for (std::size_t i = 0; status == CUDA_SUCCESS && i < chunks.size(); offset += chunks[i++].size()) {
-    status = range->va.map(offset, chunks[i], device);
-  }
-  range->chunks = std::move(chunks);
-  range->device = device;
-  if (status != CUDA_SUCCESS) {
-    if (offset) range->va.unmap(0, offset);
-    for (auto& c : range->chunks) drop_chunk(device, std::move(c));
-    return status;
-  }
-  publish(device, GMEM_STAT_mappings, int64_t(range->chunks.size()));
-  if (range->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, 1);
-  *out = std::move(range);
+  ++d.work.chunks_made;
+  d.figures.reserved += size;
+  d.figures.reserved_high = std::max(d.figures.reserved_high, d.figures.reserved);
+  publish(device, GMEM_STAT_reserved_bytes, int64_t(size));
+  publish(device, GMEM_STAT_chunks, 1);
+  Piece& piece = d.pieces.emplace_front();
+  piece.memory = std::move(memory);
+  piece.self = d.pieces.begin();
+  piece.id = ++pieces_made_;
+  piece.holder = chosen;
+  *out = &piece;
   return CUDA_SUCCESS;
 }
 
-void VmmPool::drop_chunk(int device, vmm::Chunk chunk) {
-  devices_[device].figures.reserved -= chunk.size();
-  publish(device, GMEM_STAT_reserved_bytes, -int64_t(chunk.size()));
-  publish(device, GMEM_STAT_chunks, -1);
-}  // `chunk` goes back to the driver here
+void VmmPool::hold(Piece& piece, Range* holder) {
+  if (!piece.holder) {
+    Device& d = devices_[holder->device];
+    d.free_pieces.erase(piece.free_entry);
+    d.cached_bytes -= piece.memory.size();
+  }
+  settle(piece.pending);
+  piece.holder = holder;
+}
+
+void VmmPool::set_free(Device& d, Piece& piece) {
+  piece.holder = nullptr;
+  piece.free_entry = d.free_pieces.emplace(std::pair{piece.memory.size(), piece.id}, &piece).first;
+  d.cached_bytes += piece.memory.size();
+}
+
+CUresult VmmPool::map_range(std::vector<Piece*> pieces, int device, Range** out) {
+  auto range = std::make_unique<Range>();
+  range->device = device;
+  range->id = ++ranges_made_;
+  std::size_t total = 0;
+  for (Piece* p : pieces) total += p->memory.size();
+  Work& work = devices_[device].work;
+  CUresult status;
+  std::size_t offset = 0;
+  {
+    Timer timer(work.driver_ns);
+    status = vmm::Reservation::reserve(driver_, total, &range->va);
+    for (std::size_t i = 0; status == CUDA_SUCCESS && i < pieces.size(); offset += pieces[i++]->memory.size()) {
+      status = range->va.map(offset, pieces[i]->memory, device);
+    }
+    if (status != CUDA_SUCCESS) {
+      if (offset) range->va.unmap(0, offset);
+      return status;
+    }
+  }
+  work.maps += pieces.size();
+  for (Piece* p : pieces) {
+    if (p->ranges.size() >= max_ranges_per_piece) {
+      // The least recently used of the ranges it is in that no kernel may
+      // still use goes.
+      Range* lru = nullptr;
+      for (Range* r : p->ranges) {
+        if (unmappable(*r) && (!lru || r->last_use < lru->last_use)) lru = r;
+      }
+      if (lru) unmap_range(*lru);
+    }
+    p->ranges.push_back(range.get());
+    hold(*p, range.get());
+  }
+  publish(device, GMEM_STAT_mappings, int64_t(pieces.size()));
+  if (pieces.size() > 1) publish(device, GMEM_STAT_stitched_ranges, 1);
+  range->pieces = std::move(pieces);
+  *out = range.get();
+  ranges_.emplace(range->va.base(), std::move(range));
+  return CUDA_SUCCESS;
+}
 
 void VmmPool::unmap_range(Range& range) {
+  Device& d = devices_[range.device];
+  Timer timer(d.work.driver_ns);
+  d.work.unmaps += range.pieces.size();
   range.va.unmap(0, range.va.size());
-  publish(range.device, GMEM_STAT_mappings, -int64_t(range.chunks.size()));
-  if (range.chunks.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
-}
-
-void VmmPool::keep_loose(Device& d, vmm::Chunk chunk) {
-  const std::size_t bytes = chunk.size();
-  d.loose.emplace(bytes, std::move(chunk));
-}
-
-void VmmPool::loosen(Range& range) {
-  unmap_range(range);
-  for (auto& c : range.chunks) keep_loose(devices_[range.device], std::move(c));
-  range.chunks.clear();
+  publish(range.device, GMEM_STAT_mappings, -int64_t(range.pieces.size()));
+  if (range.pieces.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
+  for (Piece* p : range.pieces) std::erase(p->ranges, &range);
+  settle(range.last_free);
+  if (!range.class_size) d.cached.erase(range.cached_entry);
   ranges_.erase(range.va.base());  // frees the address range (and `range`)
 }
 
-bool VmmPool::loosen_empty_slabs(int device) {
+bool VmmPool::unmappable(Range& range) { return ready(range.last_free, 0); }
+
+bool VmmPool::droppable(Piece& piece) {
+  return ready(piece.pending, 0) && std::all_of(piece.ranges.begin(), piece.ranges.end(),
+                                                [&](Range* r) { return unmappable(*r); });
+}
+
+void VmmPool::drop_piece(int device, Piece& piece) {
+  Device& d = devices_[device];
+  while (!piece.ranges.empty()) unmap_range(*piece.ranges.back());
+  if (!piece.holder) {
+    d.free_pieces.erase(piece.free_entry);
+    d.cached_bytes -= piece.memory.size();
+  }
+  settle(piece.pending);
+  d.figures.reserved -= piece.memory.size();
+  publish(device, GMEM_STAT_reserved_bytes, -int64_t(piece.memory.size()));
+  publish(device, GMEM_STAT_chunks, -1);
+  ++d.work.chunks_released;
+  Timer timer(d.work.driver_ns);
+  d.pieces.erase(piece.self);  // the chunk goes back to the driver here
+}
+
+bool VmmPool::cache_empty_slabs(int device) {
   Device& d = devices_[device];
   std::vector<Range*> empty;
   for (Range* r : d.empty_slabs) {
     auto& list = d.free_blocks[r->class_size];
     auto in_slab = [&](const FreeBlock& b) { return b.base >= r->va.base() && b.base < r->va.base() + r->va.size(); };
-    if (std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || reusable(b.pending, 0); })) {
+    if (std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || ready(b.pending, 0); })) {
       std::erase_if(list, in_slab);
       empty.push_back(r);
     }
   }
+  // Mapped as they are: a later slab or request of their size takes them
+  // back without the driver, and their chunks serve any range meanwhile.
   for (Range* r : empty) {
     d.empty_slabs.erase(r);
-    loosen(*r);
+    d.cached_bytes -= r->va.size();  // counted again as free chunks
+    r->class_size = 0;
+    r->blocks.assign(1, Block{});
+    r->cached_entry = d.cached.emplace(r->va.size(), r);
+    for (Piece* p : r->pieces) set_free(d, *p);
   }
   return !empty.empty();
 }
 
-std::size_t VmmPool::loosen_cached(int device, std::size_t want) {
+void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
+                        std::vector<Piece*>* parts, std::size_t* covered) {
   Device& d = devices_[device];
-  std::size_t freed = 0;
-  // Largest first: the fewest ranges lose their mappings.
-  for (auto it = d.cached.end(); freed < want && it != d.cached.begin();) {
-    Range* r = (--it)->second;
-    if (!reusable(r->pending, 0)) continue;
-    freed += r->va.size();
-    it = d.cached.erase(it);
-    loosen(*r);
-  }
-  return freed;
-}
-
-void VmmPool::take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered) {
-  Device& d = devices_[device];
-  while (*covered < size && !d.loose.empty()) {
+  // What a range may hold beyond its request: an eighth of it, or a granule.
+  const std::size_t slack = std::max(d.granularity, size / 64);
+  auto first = [](auto from, auto to, auto&& usable) -> Piece* {
+    for (auto it = from; it != to; ++it) {
+      if (usable(*it->second)) return it->second;
+    }
+    return nullptr;
+  };
+  auto reusable = [&](Piece& p) { return ready(p.pending, stream); };
+  while (*covered < size) {
     const std::size_t need = size - *covered;
-    // The smallest chunk that covers the rest, else the largest there is.
-    auto it = d.loose.lower_bound(need);
-    if (it == d.loose.end()) --it;
-    vmm::Chunk chunk = std::move(it->second);
-    d.loose.erase(it);
-    d.cached_bytes -= chunk.size();
-    // Too big by more than an eighth: made again at the size needed, the rest
-    // kept loose, so a request does not hold memory it does not use.
-    if (chunk.size() > need && chunk.size() - need > std::max(d.granularity, need / 8)) {
-      const std::size_t rest = chunk.size() - need;
-      drop_chunk(device, std::move(chunk));
-      vmm::Chunk part, remainder;
-      if (new_chunk(device, need, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
-      if (new_chunk(device, rest, &remainder) == CUDA_SUCCESS) {
-        d.cached_bytes += rest;
-        keep_loose(d, std::move(remainder));
-      }
-      chunk = std::move(part);
+    auto fits = d.free_pieces.lower_bound({need, 0});
+    auto too_big = d.free_pieces.upper_bound({need + slack, UINT64_MAX});
+    // The smallest chunk that covers the rest within the slack; else, while
+    // the range may take more parts, the largest smaller one; else the
+    // smallest larger one, made again at the size needed (unless the pool may
+    // grow: new memory then serves the rest and no cached range is lost).
+    Piece* piece = first(fits, too_big, reusable);
+    if (!piece && parts->size() + 1 < most_parts) {
+      piece = first(std::make_reverse_iterator(fits), d.free_pieces.rend(), reusable);
     }
-    *covered += chunk.size();
-    parts->push_back(std::move(chunk));
+    const bool split = !piece && !may_grow;
+    // Made again only once nothing may use it or the ranges it is mapped in.
+    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p); });
+    if (!piece) break;
+    const std::size_t bytes = piece->memory.size();
+    // Out of the free ones while chosen; its pending free stays until it is held.
+    d.free_pieces.erase(piece->free_entry);
+    d.cached_bytes -= bytes;
+    piece->holder = chosen;
+    if (split) {
+      drop_piece(device, *piece);
+      Piece *part = nullptr, *rest = nullptr;
+      if (new_piece(device, need, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (new_piece(device, bytes - need, &rest) == CUDA_SUCCESS) set_free(d, *rest);
+      piece = part;
+    }
+    *covered += piece->memory.size();
+    parts->push_back(piece);
   }
 }
 
-CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>* out) {
+CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** out) {
   Device& d = devices_[device];
-  // Loose chunks first: they cost a mapping, and no cached range is lost.
-  std::vector<vmm::Chunk> parts;
+  const bool may_grow = d.figures.reserved + size <= d.peak_used + std::size_t(double(d.peak_used) * headroom_);
+  std::vector<Piece*> parts;
   std::size_t covered = 0;
-  take_loose(device, size, &parts, &covered);
-  // While the pool holds little more than the most it ever had in use, new
-  // memory serves the rest and cached ranges stay for their own sizes; beyond
-  // that, cached ranges and empty slabs are taken apart first.
-  if (covered < size && d.figures.reserved + (size - covered) > d.peak_used + std::size_t(double(d.peak_used) * headroom_)) {
-    loosen_cached(device, size - covered);
-    take_loose(device, size, &parts, &covered);
-    if (covered < size && !d.empty_slabs.empty()) {
-      loosen_empty_slabs(device);
-      take_loose(device, size, &parts, &covered);
-    }
+  // While the pool may grow, new memory rather than more mappings; beyond,
+  // as many free chunks as it takes.
+  take_free(device, size, stream, may_grow, may_grow ? max_parts : most_parts, &parts, &covered);
+  if (covered < size && !may_grow && cache_empty_slabs(device)) {
+    take_free(device, size, stream, false, SIZE_MAX, &parts, &covered);
   }
+  auto give_back = [&] {
+    for (Piece* p : parts) set_free(d, *p);
+    publish_free_figures(device);
+  };
   if (covered < size) {
-    vmm::Chunk fresh;
-    CUresult status = new_chunk(device, size - covered, &fresh);
+    Piece* fresh = nullptr;
+    CUresult status = new_piece(device, size - covered, &fresh);
     if (status == CUDA_ERROR_OUT_OF_MEMORY) {
       // The device is full: every free the pool waits on completes, and all
-      // it caches may serve.
+      // it holds may serve.
       publish(device, GMEM_STAT_oom_releases, 1);
       complete_pending_frees();
-      loosen_empty_slabs(device);
-      loosen_cached(device, size - covered);
-      take_loose(device, size, &parts, &covered);
-      status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
+      cache_empty_slabs(device);
+      take_free(device, size, 0, false, SIZE_MAX, &parts, &covered);
+      status = covered < size ? new_piece(device, size - covered, &fresh) : CUDA_SUCCESS;
     }
     if (status != CUDA_SUCCESS) {
-      for (auto& c : parts) {
-        d.cached_bytes += c.size();
-        keep_loose(d, std::move(c));
-      }
-      publish_free_figures(device);
+      give_back();
       return status;
     }
-    if (fresh.size()) parts.push_back(std::move(fresh));
+    if (fresh) parts.push_back(fresh);
   }
-  if (parts.size() > max_parts) {
-    // Too many mappings for one range: the parts are made again as one chunk.
-    std::size_t bytes = 0;
-    for (auto& c : parts) {
-      bytes += c.size();
-      drop_chunk(device, std::move(c));
+  if (parts.size() > most_parts) {
+    // Too many mappings for one range: the smallest parts that nothing may
+    // use any more are made again as one chunk.
+    std::sort(parts.begin(), parts.end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
+    std::vector<Piece*> merged;
+    for (auto it = parts.begin(); it != parts.end() && parts.size() + !merged.empty() > most_parts;) {
+      if (droppable(**it)) {
+        merged.push_back(*it);
+        it = parts.erase(it);
+      } else {
+        ++it;
+      }
     }
-    parts.clear();
-    vmm::Chunk whole;
-    if (CUresult made = new_chunk(device, bytes, &whole)) return made;
-    parts.push_back(std::move(whole));
+    std::size_t bytes = 0;
+    for (Piece* p : merged) bytes += p->memory.size();
+    Piece* whole = nullptr;
+    if (merged.size() == 1) parts.push_back(merged[0]);
+    if (merged.size() > 1) {
+      for (Piece* p : merged) drop_piece(device, *p);
+      if (CUresult made = new_piece(device, bytes, &whole)) {
+        give_back();
+        return made;
+      }
+      parts.push_back(whole);
+    }
   }
   if (parts.size() > 1) publish(device, GMEM_STAT_stitches, 1);
-  return map_range(std::move(parts), device, out);
+  if (CUresult status = map_range(parts, device, out)) {
+    give_back();
+    return status;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
@@ -296,13 +401,13 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
     status = take_range(round_up(size, d.granularity), d, device, stream, &range);
-    if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->chunks.size())};
+    if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->pieces.size())};
   }
   if (status == CUDA_SUCCESS) {
     range->blocks[index] = *out;
     if (range->class_size && range->live++ == 0) d.empty_slabs.erase(range);
     if (!range->class_size) range->live = 1;
-    d.cached_bytes -= out->physical;
+    d.cached_bytes -= range->class_size ? out->physical : 0;  // whole ranges: counted as their chunks were held
     d.figures.used += out->physical;
     d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
     d.peak_used = std::max(d.peak_used, d.figures.used);
@@ -317,25 +422,26 @@ CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, Stre
   // The most recently freed block this stream may use; a few are looked at.
   auto found = list.end();
   for (auto it = list.rbegin(); it != list.rend() && it - list.rbegin() < 8; ++it) {
-    if (reusable(it->pending, stream)) {
+    if (ready(it->pending, stream)) {
       found = std::prev(it.base());
       break;
     }
   }
+  if (found != list.end()) ++d.work.hits;
   if (found == list.end()) {
-    std::unique_ptr<Range> slab;
-    if (CUresult status = new_range(round_up(slab_size, d.granularity), device, &slab)) return status;
+    Range* slab = nullptr;
+    if (CUresult status = take_range(round_up(slab_size, d.granularity), d, device, stream, &slab)) return status;
     slab->class_size = class_size;
     slab->blocks.resize(slab->va.size() / class_size);
     // Lowest address last: handed out first.
     for (std::size_t i = slab->blocks.size(); i-- > 0;) list.push_back({slab->va.base() + i * class_size, {}});
     d.cached_bytes += slab->va.size();
-    d.empty_slabs.insert(slab.get());
-    ranges_.emplace(slab->va.base(), std::move(slab));
+    d.empty_slabs.insert(slab);
     found = list.end() - 1;
   }
   *range = range_of(found->base);
   *index = (found->base - (*range)->va.base()) / class_size;
+  settle(found->pending);
   list.erase(found);
   return CUDA_SUCCESS;
 }
@@ -344,35 +450,50 @@ CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamI
   // A cached range this stream may use that fits with at most 1/16 (or one
   // granule) to spare.
   const std::size_t most = rounded + std::max(d.granularity, rounded / 16);
+  // Of the smallest size there is, the oldest range. Ranges are made only on
+  // a miss, and a request always prefers older ones, so a job that repeats
+  // its steps settles: a request finds what it had last step, and one that
+  // missed finds the range made for it then (nothing it precedes changed).
+  auto best = d.cached.end();
   for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
-    if (reusable(it->second->pending, stream)) {
-      *range = it->second;
-      d.cached.erase(it);
-      return CUDA_SUCCESS;
-    }
+    if (best != d.cached.end() && it->first != best->first) break;
+    if ((best == d.cached.end() || it->second->id < best->second->id) && ready(*it->second, stream)) best = it;
   }
-  std::unique_ptr<Range> made;
-  if (CUresult status = new_range(rounded, device, &made)) return status;
-  made->blocks.resize(1);
-  d.cached_bytes += made->va.size();
-  *range = made.get();
-  ranges_.emplace(made->va.base(), std::move(made));
+  if (best != d.cached.end()) {
+    Range* r = best->second;
+    d.cached.erase(best);
+    ++d.work.hits;
+    settle(r->last_free);
+    for (Piece* p : r->pieces) hold(*p, r);
+    r->last_use = ++clock_;
+    *range = r;
+    return CUDA_SUCCESS;
+  }
+  ++d.work.misses;
+  if (CUresult status = stitch(rounded, device, stream, range)) return status;
+  (*range)->blocks.resize(1);
+  (*range)->last_use = ++clock_;
   return CUDA_SUCCESS;
 }
 
-void VmmPool::release(Range& range, std::size_t index, Pending pending) {
+void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   Block& block = range.blocks[index];
   Device& d = devices_[range.device];
   d.figures.used -= block.physical;
   if (range.class_size) {
-    d.free_blocks[range.class_size].push_back({block.base, pending});
+    Pending& p = d.free_blocks[range.class_size].emplace_back(FreeBlock{block.base, {}}).pending;
+    share(p, pending);
     d.cached_bytes += range.class_size;
+    if (--range.live == 0) d.empty_slabs.insert(&range);
   } else {
-    range.pending = pending;
-    d.cached.emplace(range.va.size(), &range);
-    d.cached_bytes += range.va.size();
+    range.live = 0;
+    range.cached_entry = d.cached.emplace(range.va.size(), &range);
+    share(range.last_free, pending);
+    for (Piece* p : range.pieces) {
+      set_free(d, *p);
+      share(p->pending, pending);
+    }
   }
-  if (--range.live == 0 && range.class_size) d.empty_slabs.insert(&range);
   block = Block{};
   publish_free_figures(range.device);
 }
@@ -401,19 +522,19 @@ std::optional<CUresult> VmmPool::free_async(CUdeviceptr ptr, OrderedFree order, 
   const std::size_t index = block_index(*range, ptr);
   if (!starts_live_block(*range, index, ptr)) return CUDA_ERROR_INVALID_VALUE;
   if (captured) {
-    release(*range, index, Pending{order.id, nullptr, nullptr, true});
+    release(*range, index, Pending{order.id, nullptr, true});
     return CUDA_SUCCESS;
   }
   CUcontext context = nullptr;
   driver_.cuCtxGetCurrent(&context);
-  Pending pending{order.id, take_event(context), context, false};
-  if (!pending.event) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (CUresult status = driver_.cuEventRecord(pending.event, order.stream)) {
-    recycle_event(pending);
-    return status;  // a bad stream: the allocation stays live, as in the driver
-  }
-  release(*range, index, pending);
-  return CUDA_SUCCESS;
+  Pending pending{order.id, take_fence(context), false};
+  if (!pending.fence) return CUDA_ERROR_OUT_OF_MEMORY;
+  ++pending.fence->users;  // while it is recorded
+  CUresult status = driver_.cuEventRecord(pending.fence->event, order.stream);
+  // A bad stream: the allocation stays live, as in the driver.
+  if (status == CUDA_SUCCESS) release(*range, index, pending);
+  settle(pending);
+  return status;
 }
 
 std::optional<Block> VmmPool::find(CUdeviceptr ptr) const {
@@ -435,6 +556,24 @@ VmmPool::Figures VmmPool::figures(int device) const {
   std::lock_guard lock(mutex_);
   auto it = devices_.find(device);
   return it == devices_.end() ? Figures{} : it->second.figures;
+}
+
+VmmPool::Work VmmPool::work(int device) const {
+  std::lock_guard lock(mutex_);
+  auto it = devices_.find(device);
+  return it == devices_.end() ? Work{} : it->second.work;
+}
+
+uint64_t VmmPool::event_queries() const {
+  std::lock_guard lock(mutex_);
+  return queries_;
+}
+
+std::vector<int> VmmPool::devices() const {
+  std::lock_guard lock(mutex_);
+  std::vector<int> out;
+  for (const auto& [device, d] : devices_) out.push_back(device);
+  return out;
 }
 
 void VmmPool::reset_high(int device, High which) {
@@ -465,13 +604,13 @@ bool VmmPool::give_back_cache(bool quiet) {
 
 void VmmPool::trim_locked(int device, std::size_t keep) {
   Device& d = devices_[device];
-  loosen_empty_slabs(device);
-  if (d.cached_bytes > keep) loosen_cached(device, d.cached_bytes - keep);
-  while (d.cached_bytes > keep && !d.loose.empty()) {
-    auto largest = std::prev(d.loose.end());
-    d.cached_bytes -= largest->first;
-    drop_chunk(device, std::move(largest->second));
-    d.loose.erase(largest);
+  cache_empty_slabs(device);
+  // Largest first: the fewest ranges lose their mappings.
+  for (auto it = d.free_pieces.end(); d.cached_bytes > keep && it != d.free_pieces.begin();) {
+    Piece* p = (--it)->second;
+    if (!droppable(*p)) continue;
+    drop_piece(device, *p);
+    it = d.free_pieces.end();  // dropping a piece may drop others' entries' neighbours
   }
   publish_free_figures(device);
 }
@@ -485,9 +624,9 @@ void VmmPool::forget_context(CUcontext context) {
   }
   // The context's events went with it; its work is over, so its frees are complete.
   for_each_pending([&](Pending& p) {
-    if (p.context == context) p = Pending{};
+    if (p.fence && p.fence->context == context) settle(p);
   });
-  events_.erase(context);
+  spare_fences_.erase(context);
 }
 
 }  // namespace gmem::pool

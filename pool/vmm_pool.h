@@ -1,11 +1,14 @@
 // Device memory served from gmem's own physical chunks (cuMemCreate), mapped
-// through vmm/. Freed memory stays mapped and cached for reuse as it is; a
-// request no cached range fits is served from memory the pool already holds
-// before new memory: loose chunks and cached ranges taken apart are stitched
-// into one contiguous range (chunks far larger than needed, or too many for
-// one range, are made again at the right size). Requests up to 1 MiB are
-// carved from 2 MiB slabs, one size class per slab, four classes per doubling;
-// empty slabs are taken apart like cached ranges.
+// through vmm/. A chunk may be mapped into several virtual ranges at once, as
+// GMLake does: a range is handed out only while none of its chunks is in use
+// through another. Freed ranges stay mapped and cached; a request no cached
+// range fits is stitched from free chunks into a new range (new memory only
+// for what the free chunks do not cover), and the ranges it was stitched from
+// stay cached too, so a training step that repeats its requests finds a range
+// for each of them and costs the driver nothing. Chunks far larger than needed,
+// or too many for one range, are made again (their ranges unmapped). Requests
+// up to 1 MiB are carved from 2 MiB slabs, one size class per slab, four
+// classes per doubling.
 //
 // Reuse follows the driver's rules: memory freed by cuMemFree is reusable at
 // once (the free waited for the device); memory freed by cuMemFreeAsync is
@@ -15,6 +18,8 @@
 
 #include <cuda.h>
 
+#include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,7 +56,7 @@ struct OrderedFree {
 class VmmPool {
  public:
   // `headroom`: how much more than its peak use, as a fraction of it, the pool
-  // may hold before it takes cached memory apart rather than grow.
+  // may hold rather than make a chunk far too big for a request again.
   VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom)
       : driver_(driver), publisher_(publisher), headroom_(headroom) {}
   static constexpr double default_headroom = 1.0 / 64;
@@ -76,6 +81,19 @@ class VmmPool {
     std::size_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
   };
   Figures figures(int device) const;
+  // The work the pool did on `device` since it started, and what it asked of
+  // the driver for it (the report at exit prints it).
+  struct Work {
+    uint64_t hits = 0;            // requests served from cached memory as it was
+    uint64_t misses = 0;          // requests that needed a range made
+    uint64_t chunks_made = 0, chunks_released = 0, maps = 0, unmaps = 0;
+    uint64_t driver_ns = 0;       // time in the driver's VMM calls
+  };
+  Work work(int device) const;
+  // The devices the pool has served.
+  std::vector<int> devices() const;
+  // Events queried to learn whether a free has completed, on all devices.
+  uint64_t event_queries() const;
   enum class High { reserved, used };
   void reset_high(int device, High which);
   // Gives cached memory whose frees have completed back to the driver until at
@@ -88,68 +106,111 @@ class VmmPool {
   void forget_context(CUcontext context);
 
   static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
-  static constexpr std::size_t max_parts = 8;         // chunks stitched into one range, at most
+  // Chunks stitched into one range: at most this many while the pool may grow
+  // instead, at most `most_parts` when it may not.
+  static constexpr std::size_t max_parts = 8;
+  static constexpr std::size_t most_parts = 64;
 
  private:
+  // An event recorded at a stream-ordered free, shared by the chunks and the
+  // slab block that free released; back among its context's spares when the
+  // last of them is settled.
+  struct Fence {
+    CUevent event = nullptr;
+    CUcontext context = nullptr;
+    uint32_t users = 0;
+  };
   // When freed memory may be handed out again.
   struct Pending {
-    StreamId stream = 0;          // the stream of the free; 0: none
-    CUevent event = nullptr;      // completes with the free; null: reusable on any stream
-    CUcontext context = nullptr;  // the event's
-    bool never = false;           // freed inside a graph: not reusable
+    StreamId stream = 0;    // the stream of the free; 0: none
+    Fence* fence = nullptr;  // completes with the free; null: reusable on any stream
+    bool never = false;      // freed inside a graph: not reusable
+  };
+  struct Range;
+  // A physical chunk; held while a live range (or a slab) uses it, else free.
+  struct Piece {
+    vmm::Chunk memory;
+    Range* holder = nullptr;
+    Pending pending;             // while free
+    std::vector<Range*> ranges;  // the ranges it is mapped in
+    uint64_t id = 0;  // chunks made before it have lower ones
+    std::map<std::pair<std::size_t, uint64_t>, Piece*>::iterator free_entry;  // while free
+    std::list<Piece>::iterator self;
   };
   struct Range {
     vmm::Reservation va;
-    std::vector<vmm::Chunk> chunks;
+    std::vector<Piece*> pieces;
     int device = -1;
     std::size_t class_size = 0;  // slabs: the block size; 0 for a whole-range allocation
     std::vector<Block> blocks;   // one per class_size block, or one; size 0 when free
     std::size_t live = 0;        // blocks in use
-    Pending pending;             // whole ranges, while free
+    uint64_t id = 0;             // ranges made before it have lower ones
+    uint64_t last_use = 0;       // whole ranges: when last handed out
+    // Whole ranges, while free: the free that kernels may use its addresses
+    // before (its chunks may serve others sooner, on the same stream).
+    Pending last_free;
+    std::multimap<std::size_t, Range*>::iterator cached_entry;  // whole ranges, while free
   };
+  // The holder of a chunk chosen for a range not mapped yet.
+  static inline Range* const chosen = reinterpret_cast<Range*>(alignof(Range));
   struct FreeBlock {
     CUdeviceptr base;
     Pending pending;
   };
   struct Device {
-    std::multimap<std::size_t, Range*> cached;                // free whole ranges, by size
-    std::multimap<std::size_t, vmm::Chunk> loose;             // free chunks mapped nowhere, by size
+    std::list<Piece> pieces;
+    // By size, then age: which chunk serves depends on what there is, not on
+    // the order of the frees.
+    std::map<std::pair<std::size_t, uint64_t>, Piece*> free_pieces;
+    std::multimap<std::size_t, Range*> cached;                 // free whole ranges, by size
     std::map<std::size_t, std::vector<FreeBlock>> free_blocks;  // by class size
     std::size_t granularity = 0;
     std::size_t total = 0;  // the device's memory
     std::size_t cached_bytes = 0;
     std::set<Range*> empty_slabs;  // slabs with no block in use (some frees may be pending)
     Figures figures;
+    Work work;
     std::size_t peak_used = 0;  // the most ever in use (figures.used_high may be reset)
   };
 
   // A free block of a slab of `class_size`, or a new slab's first.
   CUresult take_block(std::size_t class_size, Device& d, int device, StreamId stream, Range** range,
                       std::size_t* index);
-  // A free whole range of at least `rounded` bytes, cached or new.
+  // A cached whole range of at least `rounded` bytes whose chunks are all free
+  // and reusable on `stream`, or a new one.
   CUresult take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range);
-  // A new mapped range of at least `size` bytes on `device`, from new memory or,
-  // when the device is full, from cached memory given back or stitched.
-  CUresult new_range(std::size_t size, int device, std::unique_ptr<Range>* out);
-  CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out);
-  CUresult map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out);
-  void drop_chunk(int device, vmm::Chunk chunk);  // back to the driver
+  // A new range of at least `size` bytes on `device`, stitched from free chunks
+  // reusable on `stream` and new memory; its chunks are held.
+  CUresult stitch(std::size_t size, int device, StreamId stream, Range** out);
+  // Moves free chunks reusable on `stream` into `parts` (at most `most_parts`)
+  // until they cover `size` or none serves; a chunk far too big is made again
+  // at the size needed unless `may_grow` (new memory may then serve instead).
+  void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
+                 std::vector<Piece*>* parts, std::size_t* covered);
+  CUresult new_piece(int device, std::size_t size, Piece** out);
+  CUresult map_range(std::vector<Piece*> pieces, int device, Range** out);
+  void hold(Piece& piece, Range* holder);
+  void set_free(Device& d, Piece& piece);
+  // Whether no kernel may still use the addresses of `range` (a free range:
+  // its free has completed), so that it may be unmapped.
+  bool unmappable(Range& range);
+  // Whether `piece` and every range it is mapped in may go.
+  bool droppable(Piece& piece);
+  // Back to the driver, with every range it is mapped in (all droppable).
+  void drop_piece(int device, Piece& piece);
+  // Unmaps a free range; its chunks stay.
   void unmap_range(Range& range);
-  // Unmaps a free range and keeps its chunks loose; `range` is gone after.
-  void loosen(Range& range);
-  // Empty slabs whose frees have completed become loose chunks; true if any did.
-  bool loosen_empty_slabs(int device);
-  // Cached ranges whose frees have completed, largest first, become loose
-  // chunks until `want` bytes are loose; returns the bytes loosened.
-  std::size_t loosen_cached(int device, std::size_t want);
-  // Moves loose chunks into `parts` until they cover `size`.
-  void take_loose(int device, std::size_t size, std::vector<vmm::Chunk>* parts, std::size_t* covered);
+  // Empty slabs whose frees have completed become cached whole ranges (their
+  // chunks free for any range); true if any did.
+  bool cache_empty_slabs(int device);
   void trim_locked(int device, std::size_t keep);
-  // Whether memory freed as `pending` may serve a request ordered on `stream`;
-  // once the free is known complete, `pending` is cleared.
-  bool reusable(Pending& pending, StreamId stream);
-  CUevent take_event(CUcontext context);
-  void recycle_event(Pending& pending);
+  // Whether memory freed as `pending` may serve a request ordered on `stream`
+  // (0: any); once the free is known complete, `pending` is settled.
+  bool ready(Pending& pending, StreamId stream);
+  bool ready(const Range& range, StreamId stream);
+  Fence* take_fence(CUcontext context);
+  void share(Pending& to, const Pending& from);
+  void settle(Pending& pending);
   // Waits for every pending free (the out-of-memory path only).
   void complete_pending_frees();
   Device& device_state(int device);
@@ -158,26 +219,31 @@ class VmmPool {
   // The block of `range` that holds `ptr`, and whether a live allocation starts at `ptr`.
   static std::size_t block_index(const Range& range, CUdeviceptr ptr);
   static bool starts_live_block(const Range& range, std::size_t index, CUdeviceptr ptr);
-  void keep_loose(Device& d, vmm::Chunk chunk);
-  // Calls `visit` on every free's Pending: cached ranges and free slab blocks.
+  // Calls `visit` on every free's Pending: free chunks and free slab blocks.
   template <typename Visit>
   void for_each_pending(Visit&& visit);
-  void release(Range& range, std::size_t index, Pending pending);
+  void release(Range& range, std::size_t index, const Pending& pending);
   void publish(int device, gmem_device_stat stat, int64_t delta);
   void publish_free_figures(int device);
 
+  // Ranges one chunk may be mapped in at once; beyond, the least recently
+  // used free one is unmapped.
+  static constexpr std::size_t max_ranges_per_piece = 32;
+
   const vmm::Driver& driver_;
   Publisher* const publisher_;
-  // What the pool may hold before it takes cached memory apart rather than
-  // grow: peak use plus this fraction of it. On the recorded traces
-  // (tests/bench/pool_policy.cpp) 1/64 keeps peak physical / peak requested at
-  // 1.03 and 1.02; 1/16 gives 1.08 and 1.06 for a third less driver work.
+  // What the pool may hold beyond its peak use, as a fraction of it, rather
+  // than make a chunk far too big for a request again at the right size.
   const double headroom_;
   mutable std::mutex mutex_;
   bool quiet_ = false;  // the current call's, under mutex_
+  uint64_t clock_ = 0;  // counts whole ranges handed out
+  uint64_t queries_ = 0;
+  uint64_t ranges_made_ = 0, pieces_made_ = 0;
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
   std::map<int, Device> devices_;
-  std::unordered_map<CUcontext, std::vector<CUevent>> events_;  // unused events, by context
+  std::deque<Fence> fences_;
+  std::unordered_map<CUcontext, std::vector<Fence*>> spare_fences_;  // by context
 };
 
 }  // namespace gmem::pool

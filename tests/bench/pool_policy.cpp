@@ -3,9 +3,14 @@
 // tens of GB replays in a moment. Prints, per trace, peak physical / peak
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
-//   pool-policy [--device-memory BYTES] [--max-ratio R] TRACE...
-// With --max-ratio, a trace whose peak ratio exceeds R fails the run (the
-// policy is deterministic: a regression guard, not a timing).
+//   pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R]
+//               [--max-steady-maps M] TRACE...
+// --passes replays each trace N times, as a job whose steps repeat exactly;
+// --lag makes each free complete only that many calls later, as on a GPU that
+// runs behind the program. --max-ratio and --max-steady-maps fail the run when
+// a trace's peak ratio, or its mappings per allocation in the steady state,
+// exceed them (the policy is deterministic: regression guards, not timings).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -72,15 +77,23 @@ CUresult get_info(std::size_t* free, std::size_t* total) {
   if (total) *total = accounts.total;
   return CUDA_SUCCESS;
 }
-// Work completes as soon as it is queued: every event is complete.
+// The GPU runs `lag` calls behind the program: an event completes once that
+// many more allocations and frees have been made after it was recorded (0:
+// at once), and a synchronization completes every one.
+uint64_t lag = 0, now = 0;
+std::vector<uint64_t> recorded;  // by event: the call it was recorded at
 CUresult event_create(CUevent* event, unsigned) {
-  static char events;
-  *event = reinterpret_cast<CUevent>(&events);
+  recorded.push_back(0);
+  *event = reinterpret_cast<CUevent>(recorded.size());
   return CUDA_SUCCESS;
 }
-CUresult event_record(CUevent, CUstream) { return CUDA_SUCCESS; }
-CUresult event_query(CUevent) { return CUDA_SUCCESS; }
-CUresult synchronize() { return CUDA_SUCCESS; }
+uint64_t& recorded_at(CUevent e) { return recorded[reinterpret_cast<std::size_t>(e) - 1]; }
+CUresult event_record(CUevent e, CUstream) { return recorded_at(e) = now, CUDA_SUCCESS; }
+CUresult event_query(CUevent e) { return now >= recorded_at(e) + lag ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+CUresult synchronize() {
+  for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
+  return CUDA_SUCCESS;
+}
 CUresult get_current(CUcontext* c) { return *c = reinterpret_cast<CUcontext>(0xc0), CUDA_SUCCESS; }
 
 gmem::vmm::Driver accounting_driver() {
@@ -103,7 +116,8 @@ gmem::vmm::Driver accounting_driver() {
   return d;
 }
 
-double max_ratio = 0;
+double max_ratio = 0, max_steady_maps = -1;
+std::size_t passes = 1;
 
 int replay(const std::string& path) {
   std::string error;
@@ -115,29 +129,42 @@ int replay(const std::string& path) {
   const std::size_t total = accounts.total;
   accounts = Accounts();
   accounts.total = total;
+  recorded.clear();
   const gmem::vmm::Driver driver = accounting_driver();
   gmem::pool::VmmPool pool(driver, nullptr);
-  std::vector<CUdeviceptr> live(trace->ids);
-  // The second half of a trace of training steps is the steady state: what the
-  // policy costs there is what every later step costs.
-  Accounts at_half;
+  std::vector<CUdeviceptr> live(trace->ids, 0);
+  // The steady state, what every later step costs: the last pass when the
+  // trace is replayed several times (a job whose steps repeat their requests
+  // exactly), else the trace's second half (its steps vary).
+  const std::size_t events = trace->events.size();
+  const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
+  Accounts at_steady;
   std::size_t allocs = 0, steady_allocs = 0;
-  for (std::size_t i = 0; i < trace->events.size(); ++i) {
-    const gmem::trace::Event& e = trace->events[i];
-    if (i == trace->events.size() / 2) at_half = accounts;
+  for (std::size_t i = 0; i < passes * events; ++i) {
+    const gmem::trace::Event& e = trace->events[i % events];
+    now = i;
+    if (i == steady_from) at_steady = accounts;
+    if (i % events == 0) {
+      // Allocations live at the end of a pass are freed before the next.
+      for (CUdeviceptr& ptr : live) {
+        if (ptr) pool.free_async(ptr, {nullptr, 1}, false, false);
+        ptr = 0;
+      }
+    }
     allocs += e.alloc;
-    steady_allocs += e.alloc && i >= trace->events.size() / 2;
+    steady_allocs += e.alloc && i >= steady_from;
     if (e.alloc) {
       gmem::pool::Block block;
       CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false);
       if (status != CUDA_SUCCESS) {
-        fprintf(stderr, "pool-policy: %s: event %zu: %llu bytes: error %d\n", path.c_str(), i,
+        fprintf(stderr, "pool-policy: %s: event %zu: %llu bytes: error %d\n", path.c_str(), i % events,
                 static_cast<unsigned long long>(e.bytes), status);
         return 1;
       }
       live[e.id] = block.base;
     } else {
       pool.free_async(live[e.id], {nullptr, 1}, false, false);
+      live[e.id] = 0;
     }
   }
   const std::string name = gmem::trace::name_of(path);
@@ -150,11 +177,22 @@ int replay(const std::string& path) {
   // Driver time the steady state spends per allocation, at the H100's costs
   // (DESIGN.md): 21 us per cuMemCreate (2 MiB), 27 us per map with access,
   // 30 us per unmap; a release counted like an unmap.
-  const double steady_us = 21.0 * double(accounts.creates - at_half.creates) +
-                           27.0 * double(accounts.maps - at_half.maps) +
-                           30.0 * double(accounts.unmaps - at_half.unmaps + accounts.releases - at_half.releases);
+  const double steady_us = 21.0 * double(accounts.creates - at_steady.creates) +
+                           27.0 * double(accounts.maps - at_steady.maps) +
+                           30.0 * double(accounts.unmaps - at_steady.unmaps + accounts.releases - at_steady.releases);
+  const double steady = double(steady_allocs ? steady_allocs : 1);
+  printf("BENCH trace_%s_policy_steady_maps_per_alloc %.4f count\n", name.c_str(),
+         double(accounts.maps - at_steady.maps) / steady);
+  printf("BENCH trace_%s_policy_steady_unmaps_per_alloc %.4f count\n", name.c_str(),
+         double(accounts.unmaps - at_steady.unmaps) / steady);
   printf("BENCH trace_%s_policy_steady_driver_us_per_alloc %.2f us\n", name.c_str(),
          steady_us / double(steady_allocs ? steady_allocs : 1));
+  const double steady_maps = double(accounts.maps - at_steady.maps) / steady;
+  if (max_steady_maps >= 0 && steady_maps > max_steady_maps) {
+    fprintf(stderr, "pool-policy: %s: %.4f mappings per allocation in the steady state, above %.4f\n", path.c_str(),
+            steady_maps, max_steady_maps);
+    return 1;
+  }
   if (max_ratio > 0 && ratio > max_ratio) {
     fprintf(stderr, "pool-policy: %s: peak ratio %.4f is above %.4f\n", path.c_str(), ratio, max_ratio);
     return 1;
@@ -170,6 +208,12 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--device-memory" && i + 1 < argc) {
       accounts.total = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--max-steady-maps" && i + 1 < argc) {
+      max_steady_maps = std::strtod(argv[++i], nullptr);
+    } else if (a == "--lag" && i + 1 < argc) {
+      lag = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--passes" && i + 1 < argc) {
+      passes = std::max<std::size_t>(1, std::strtoull(argv[++i], nullptr, 10));
     } else if (a == "--max-ratio" && i + 1 < argc) {
       max_ratio = std::strtod(argv[++i], nullptr);
     } else {
@@ -178,7 +222,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!traces) {
-    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--max-ratio R] TRACE...\n");
+    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] TRACE...\n");
     return 2;
   }
   return failed;

@@ -76,7 +76,7 @@ def lm_job(torch, args, rng):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     lengths = []
     for _ in range(args.steps):
-        seq = rng.randint(64, 2048)
+        seq = 1024 if args.fixed else rng.randint(64, 2048)
         lengths.append(seq)
         tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -88,7 +88,8 @@ def lm_job(torch, args, rng):
         del logits, loss, tokens
     return [f"job lm: decoder-only transformer, vocab {vocab}, width {width}, {layers} layers, {heads} heads, "
             f"batch {batch}, bf16 autocast, AdamW, {args.steps} steps",
-            f"sequence length per step (random in [64, 2048]): {' '.join(map(str, lengths))}"]
+            f"sequence length per step ({'fixed' if args.fixed else 'random in [64, 2048]'}): "
+            f"{' '.join(map(str, lengths))}"]
 
 
 def gnn_job(torch, args, rng):
@@ -101,7 +102,7 @@ def gnn_job(torch, args, rng):
     opt = torch.optim.Adam([w1, w2], lr=1e-2)
     sizes = []
     for _ in range(args.steps):
-        n = rng.randint(args.gnn_nodes // 2, args.gnn_nodes)
+        n = args.gnn_nodes if args.fixed else rng.randint(args.gnn_nodes // 2, args.gnn_nodes)
         sizes.append(n)
         src = torch.randint(0, n, (degree * n,), device=dev)
         dst = torch.randint(0, n, (degree * n,), device=dev)
@@ -121,7 +122,8 @@ def gnn_job(torch, args, rng):
         del src, dst, deg, norm, x, labels, h, loss
     return [f"job gnn: 2-layer GCN ({features}->{hidden}->{classes}), gather + index_add_ message passing, "
             f"{degree} edges per node, Adam, {args.steps} steps",
-            f"nodes per step (random in [{args.gnn_nodes // 2}, {args.gnn_nodes}]): {' '.join(map(str, sizes))}"]
+            f"nodes per step ({'fixed' if args.fixed else f'random in [{args.gnn_nodes // 2}, {args.gnn_nodes}]'}): "
+            f"{' '.join(map(str, sizes))}"]
 
 
 def record(args):
@@ -147,8 +149,10 @@ def record(args):
     torch.cuda.memory._record_memory_history(enabled=None)
     allocated_peak = torch.cuda.max_memory_allocated(device)
     props = torch.cuda.get_device_properties(device)
-    path = os.path.join(args.out, f"{args.job}.trace")
-    comments = [f"recorded by tests/gpu/record_traces.py --job {args.job} --steps {args.steps} --seed {args.seed}",
+    name = f"{args.job}-fixed" if args.fixed else args.job
+    path = os.path.join(args.out, f"{name}.trace")
+    comments = [f"recorded by tests/gpu/record_traces.py --job {args.job} --steps {args.steps} --seed {args.seed}"
+                + (" --fixed" if args.fixed else ""),
                 f"torch {torch.__version__}, CUDA {torch.version.cuda}, {props.name}, "
                 f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
                 f"torch.cuda.max_memory_allocated: {allocated_peak} bytes (blocks rounded up by torch)"] + said
@@ -175,6 +179,9 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="training steps per job (lm 20, gnn 20)")
     ap.add_argument("--gnn-nodes", type=int, default=150_000, help="most nodes of a GNN step's graph")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fixed", action="store_true",
+                    help="the same shapes every step (lm: sequence length 1024, gnn: --gnn-nodes nodes); "
+                         "the traces are named <job>-fixed.trace")
     ap.add_argument("--max-entries", type=int, default=2_000_000, help="memory history entries kept")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -190,6 +197,8 @@ def main():
                "--gnn-nodes", str(args.gnn_nodes), "--max-entries", str(args.max_entries)]
         if args.steps:
             cmd += ["--steps", str(args.steps)]
+        if args.fixed:
+            cmd += ["--fixed"]
         print("$ " + " ".join(cmd), flush=True)
         failed += not run_child(cmd, JOB_TIMEOUT_S, f"record_traces: job {job}", env)
     return 1 if failed else 0

@@ -223,6 +223,20 @@ TEST_F(Pool, PublishesWhatTheProgramHolds) {
   for (const gmem_placement& e : stats.placements()) EXPECT_TRUE(e.base != small && e.base != large);
 }
 
+// Work queued before a stream-ordered free may still run after it, so the
+// freed range's addresses stay mapped until the free has completed, even
+// while its memory serves later requests on the same stream. (The memset
+// stands in for a kernel launched before the free and still running.)
+TEST_F(Pool, AFreedRangeStaysMappedUntilItsFreeCompletes) {
+  CUdeviceptr a = alloc_on(s1_, 64 * mib);
+  ASSERT_EQ(cuMemFreeAsync(a, s1_), CUDA_SUCCESS);  // pending: events are held
+  std::vector<CUdeviceptr> later;
+  for (std::size_t size : {8 * mib, 24 * mib, 6 * mib, 20 * mib}) later.push_back(alloc_on(s1_, size));
+  EXPECT_EQ(cuMemsetD8_v2(a, 1, 64 * mib), CUDA_SUCCESS) << "unmapped before its free completed";
+  for (CUdeviceptr p : later) EXPECT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+}
+
 // A loop that allocates and frees the same things, as a training step does,
 // holds no more memory after its first rounds.
 TEST_F(Pool, ASteadyLoopDoesNotGrow) {

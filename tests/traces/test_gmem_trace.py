@@ -130,7 +130,7 @@ class Snapshot(unittest.TestCase):
         torch = types.SimpleNamespace(__version__="0.0", version=types.SimpleNamespace(cuda="0.0"), cuda=cuda,
                                       manual_seed=lambda s: None)
         with tempfile.TemporaryDirectory() as d:
-            args = types.SimpleNamespace(job="lm", steps=2, seed=0, out=d, max_entries=1000, gnn_nodes=10)
+            args = types.SimpleNamespace(job="lm", steps=2, seed=0, out=d, max_entries=1000, gnn_nodes=10, fixed=False)
             err = io.StringIO()
             with mock.patch.dict(sys.modules, torch=torch), contextlib.redirect_stderr(err), \
                     contextlib.redirect_stdout(io.StringIO()), \
