@@ -121,8 +121,8 @@ void VmmPool::for_each_pending(Visit&& visit) {
   for (auto& [device, d] : devices_) {
     for (auto& [key, piece] : d.free_pieces) visit(piece->pending);
     for (auto& [size, range] : d.cached) visit(range->last_free);
-    for (auto& [size, list] : d.free_blocks) {
-      for (FreeBlock& b : list) visit(b.pending);
+    for (auto& [size, blocks] : d.free_blocks) {
+      for (auto& [base, pending] : blocks) visit(pending);
     }
   }
 }
@@ -225,11 +225,24 @@ void VmmPool::unmap_range(Range& range) {
   ranges_.erase(range.va.base());  // frees the address range (and `range`)
 }
 
-bool VmmPool::unmappable(Range& range) { return ready(range.last_free, 0); }
+bool VmmPool::may_grow(const Device& d, std::size_t size) const {
+  return d.figures.reserved + size <= d.peak_used + std::size_t(double(d.peak_used) * headroom_);
+}
 
-bool VmmPool::droppable(Piece& piece) {
-  return ready(piece.pending, 0) && std::all_of(piece.ranges.begin(), piece.ranges.end(),
-                                                [&](Range* r) { return unmappable(*r); });
+bool VmmPool::complete(Pending& pending, bool wait) {
+  if (ready(pending, 0)) return true;
+  if (!wait || quiet_ || pending.never || driver_.cuEventSynchronize(pending.fence->event) != CUDA_SUCCESS) {
+    return false;
+  }
+  settle(pending);
+  return true;
+}
+
+bool VmmPool::unmappable(Range& range) { return complete(range.last_free, false); }
+
+bool VmmPool::droppable(Piece& piece, bool wait) {
+  return complete(piece.pending, wait) && std::all_of(piece.ranges.begin(), piece.ranges.end(),
+                                                      [&](Range* r) { return complete(r->last_free, wait); });
 }
 
 void VmmPool::drop_piece(int device, Piece& piece) {
@@ -248,14 +261,14 @@ void VmmPool::drop_piece(int device, Piece& piece) {
   d.pieces.erase(piece.self);  // the chunk goes back to the driver here
 }
 
-bool VmmPool::cache_empty_slabs(int device) {
+bool VmmPool::cache_empty_slabs(int device, bool wait) {
   Device& d = devices_[device];
   std::vector<Range*> empty;
   for (Range* r : d.empty_slabs) {
-    auto& list = d.free_blocks[r->class_size];
-    auto in_slab = [&](const FreeBlock& b) { return b.base >= r->va.base() && b.base < r->va.base() + r->va.size(); };
-    if (std::all_of(list.begin(), list.end(), [&](FreeBlock& b) { return !in_slab(b) || ready(b.pending, 0); })) {
-      std::erase_if(list, in_slab);
+    auto& blocks = d.free_blocks[r->class_size];
+    auto first = blocks.lower_bound(r->va.base()), end = blocks.lower_bound(r->va.base() + r->va.size());
+    if (std::all_of(first, end, [&](auto& b) { return complete(b.second, wait); })) {
+      blocks.erase(first, end);
       empty.push_back(r);
     }
   }
@@ -275,8 +288,8 @@ bool VmmPool::cache_empty_slabs(int device) {
 void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
                         std::vector<Piece*>* parts, std::size_t* covered) {
   Device& d = devices_[device];
-  // What a range may hold beyond its request: an eighth of it, or a granule.
-  const std::size_t slack = std::max(d.granularity, size / 64);
+  // What a stitched range may hold beyond its request: a 32nd of it.
+  const std::size_t slack = size / 32;
   auto first = [](auto from, auto to, auto&& usable) -> Piece* {
     for (auto it = from; it != to; ++it) {
       if (usable(*it->second)) return it->second;
@@ -297,8 +310,10 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
       piece = first(std::make_reverse_iterator(fits), d.free_pieces.rend(), reusable);
     }
     const bool split = !piece && !may_grow;
-    // Made again only once nothing may use it or the ranges it is mapped in.
-    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p); });
+    // Made again only once nothing may use it or the ranges it is mapped in:
+    // rather than grow beyond the headroom, the pool waits for that.
+    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p, false); });
+    if (split && !piece) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p, true); });
     if (!piece) break;
     const std::size_t bytes = piece->memory.size();
     // Out of the free ones while chosen; its pending free stays until it is held.
@@ -319,15 +334,12 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
 
 CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** out) {
   Device& d = devices_[device];
-  const bool may_grow = d.figures.reserved + size <= d.peak_used + std::size_t(double(d.peak_used) * headroom_);
+  const bool grow = may_grow(d, size);
   std::vector<Piece*> parts;
   std::size_t covered = 0;
   // While the pool may grow, new memory rather than more mappings; beyond,
   // as many free chunks as it takes.
-  take_free(device, size, stream, may_grow, may_grow ? max_parts : most_parts, &parts, &covered);
-  if (covered < size && !may_grow && cache_empty_slabs(device)) {
-    take_free(device, size, stream, false, SIZE_MAX, &parts, &covered);
-  }
+  take_free(device, size, stream, grow, grow ? max_parts : most_parts, &parts, &covered);
   auto give_back = [&] {
     for (Piece* p : parts) set_free(d, *p);
     publish_free_figures(device);
@@ -340,7 +352,7 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
       // it holds may serve.
       publish(device, GMEM_STAT_oom_releases, 1);
       complete_pending_frees();
-      cache_empty_slabs(device);
+      cache_empty_slabs(device, false);
       take_free(device, size, 0, false, SIZE_MAX, &parts, &covered);
       status = covered < size ? new_piece(device, size - covered, &fresh) : CUDA_SUCCESS;
     }
@@ -356,7 +368,7 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     std::sort(parts.begin(), parts.end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
     std::vector<Piece*> merged;
     for (auto it = parts.begin(); it != parts.end() && parts.size() + !merged.empty() > most_parts;) {
-      if (droppable(**it)) {
+      if (droppable(**it, false)) {
         merged.push_back(*it);
         it = parts.erase(it);
       } else {
@@ -418,31 +430,32 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
 
 CUresult VmmPool::take_block(std::size_t class_size, Device& d, int device, StreamId stream, Range** range,
                              std::size_t* index) {
-  auto& list = d.free_blocks[class_size];
-  // The most recently freed block this stream may use; a few are looked at.
-  auto found = list.end();
-  for (auto it = list.rbegin(); it != list.rend() && it - list.rbegin() < 8; ++it) {
-    if (ready(it->pending, stream)) {
-      found = std::prev(it.base());
+  auto& blocks = d.free_blocks[class_size];
+  // The free block at the lowest address this stream may use (a few are
+  // looked at): slabs fill from one end, and those at the other empty.
+  auto found = blocks.end();
+  int looked = 0;
+  for (auto it = blocks.begin(); it != blocks.end() && looked++ < 8; ++it) {
+    if (ready(it->second, stream)) {
+      found = it;
       break;
     }
   }
-  if (found != list.end()) ++d.work.hits;
-  if (found == list.end()) {
+  if (found != blocks.end()) ++d.work.hits;
+  if (found == blocks.end()) {
     Range* slab = nullptr;
     if (CUresult status = take_range(round_up(slab_size, d.granularity), d, device, stream, &slab)) return status;
     slab->class_size = class_size;
     slab->blocks.resize(slab->va.size() / class_size);
-    // Lowest address last: handed out first.
-    for (std::size_t i = slab->blocks.size(); i-- > 0;) list.push_back({slab->va.base() + i * class_size, {}});
+    for (std::size_t i = 0; i < slab->blocks.size(); ++i) blocks.emplace(slab->va.base() + i * class_size, Pending{});
     d.cached_bytes += slab->va.size();
     d.empty_slabs.insert(slab);
-    found = list.end() - 1;
+    found = blocks.find(slab->va.base());
   }
-  *range = range_of(found->base);
-  *index = (found->base - (*range)->va.base()) / class_size;
-  settle(found->pending);
-  list.erase(found);
+  *range = range_of(found->first);
+  *index = (found->first - (*range)->va.base()) / class_size;
+  settle(found->second);
+  blocks.erase(found);
   return CUDA_SUCCESS;
 }
 
@@ -454,11 +467,18 @@ CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamI
   // a miss, and a request always prefers older ones, so a job that repeats
   // its steps settles: a request finds what it had last step, and one that
   // missed finds the range made for it then (nothing it precedes changed).
-  auto best = d.cached.end();
-  for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
-    if (best != d.cached.end() && it->first != best->first) break;
-    if ((best == d.cached.end() || it->second->id < best->second->id) && ready(*it->second, stream)) best = it;
-  }
+  auto oldest = [&] {
+    auto best = d.cached.end();
+    for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
+      if (best != d.cached.end() && it->first != best->first) break;
+      if ((best == d.cached.end() || it->second->id < best->second->id) && ready(*it->second, stream)) best = it;
+    }
+    return best;
+  };
+  auto best = oldest();
+  // Rather than grow beyond the headroom, empty slabs become cached ranges
+  // (once their frees have completed), and may serve.
+  if (best == d.cached.end() && !may_grow(d, rounded) && cache_empty_slabs(device, true)) best = oldest();
   if (best != d.cached.end()) {
     Range* r = best->second;
     d.cached.erase(best);
@@ -481,8 +501,7 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   Device& d = devices_[range.device];
   d.figures.used -= block.physical;
   if (range.class_size) {
-    Pending& p = d.free_blocks[range.class_size].emplace_back(FreeBlock{block.base, {}}).pending;
-    share(p, pending);
+    share(d.free_blocks[range.class_size][block.base], pending);
     d.cached_bytes += range.class_size;
     if (--range.live == 0) d.empty_slabs.insert(&range);
   } else {
@@ -604,11 +623,11 @@ bool VmmPool::give_back_cache(bool quiet) {
 
 void VmmPool::trim_locked(int device, std::size_t keep) {
   Device& d = devices_[device];
-  cache_empty_slabs(device);
+  cache_empty_slabs(device, false);
   // Largest first: the fewest ranges lose their mappings.
   for (auto it = d.free_pieces.end(); d.cached_bytes > keep && it != d.free_pieces.begin();) {
     Piece* p = (--it)->second;
-    if (!droppable(*p)) continue;
+    if (!droppable(*p, false)) continue;
     drop_piece(device, *p);
     it = d.free_pieces.end();  // dropping a piece may drop others' entries' neighbours
   }

@@ -153,17 +153,14 @@ class VmmPool {
   };
   // The holder of a chunk chosen for a range not mapped yet.
   static inline Range* const chosen = reinterpret_cast<Range*>(alignof(Range));
-  struct FreeBlock {
-    CUdeviceptr base;
-    Pending pending;
-  };
   struct Device {
     std::list<Piece> pieces;
     // By size, then age: which chunk serves depends on what there is, not on
     // the order of the frees.
     std::map<std::pair<std::size_t, uint64_t>, Piece*> free_pieces;
     std::multimap<std::size_t, Range*> cached;                 // free whole ranges, by size
-    std::map<std::size_t, std::vector<FreeBlock>> free_blocks;  // by class size
+    // Free slab blocks by class size, then address, with their frees.
+    std::map<std::size_t, std::map<CUdeviceptr, Pending>> free_blocks;
     std::size_t granularity = 0;
     std::size_t total = 0;  // the device's memory
     std::size_t cached_bytes = 0;
@@ -191,18 +188,25 @@ class VmmPool {
   CUresult map_range(std::vector<Piece*> pieces, int device, Range** out);
   void hold(Piece& piece, Range* holder);
   void set_free(Device& d, Piece& piece);
+  // Whether the pool may take `size` more bytes of new memory rather than
+  // take cached memory apart: it holds at most its peak use and the headroom.
+  bool may_grow(const Device& d, std::size_t size) const;
+  // Whether the free `pending` has completed; with `wait`, it is waited for
+  // (unless a capture runs or it never completes).
+  bool complete(Pending& pending, bool wait);
   // Whether no kernel may still use the addresses of `range` (a free range:
   // its free has completed), so that it may be unmapped.
   bool unmappable(Range& range);
-  // Whether `piece` and every range it is mapped in may go.
-  bool droppable(Piece& piece);
+  // Whether `piece` and every range it is mapped in may go; with `wait`, the
+  // frees that keep them are waited for.
+  bool droppable(Piece& piece, bool wait);
   // Back to the driver, with every range it is mapped in (all droppable).
   void drop_piece(int device, Piece& piece);
   // Unmaps a free range; its chunks stay.
   void unmap_range(Range& range);
-  // Empty slabs whose frees have completed become cached whole ranges (their
-  // chunks free for any range); true if any did.
-  bool cache_empty_slabs(int device);
+  // Empty slabs whose frees have completed (with `wait`: once they have)
+  // become cached whole ranges, their chunks free for any range; true if any did.
+  bool cache_empty_slabs(int device, bool wait);
   void trim_locked(int device, std::size_t keep);
   // Whether memory freed as `pending` may serve a request ordered on `stream`
   // (0: any); once the free is known complete, `pending` is settled.

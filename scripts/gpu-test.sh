@@ -280,6 +280,12 @@ step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 step stats-plane 200 stats_plane
 
+# The largest GCN (nodes) and transformer LM (batch) that train under each
+# allocator, gmem's included, with step times and peak physical / peak tensors.
+sweep=(python3 tests/gpu/sweep.py --shim "$shim" --out "$out/sweep")
+step sweep-gnn 560 "${sweep[@]}" --job gnn --sizes 1500000 2000000 2500000 3000000 3500000 4000000 4500000 5000000
+step sweep-lm 560 "${sweep[@]}" --job lm --sizes 64 96 128 160 192 224 256 320
+
 # Last, as the time budget cuts from the end: training with the VMM pool serving
 # every tensor (cudaMallocAsync) and torch's segments (default).
 step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators async default

@@ -40,6 +40,7 @@ namespace gmem::vmm {
   X(cuEventCreate, cuEventCreate)                               \
   X(cuEventRecord, cuEventRecord)                               \
   X(cuEventQuery, cuEventQuery)                                 \
+  X(cuEventSynchronize, cuEventSynchronize)                     \
   X(cuStreamIsCapturing, cuStreamIsCapturing)                   \
   X(cuStreamIsCapturing_ptsz, cuStreamIsCapturing)              \
   X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)       \

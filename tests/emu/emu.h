@@ -79,6 +79,7 @@ struct Event {
   bool recorded = false;
   std::chrono::steady_clock::time_point when{};
   CUstream stream = nullptr;  // held: recorded on it, not complete until it is synchronized
+  uint64_t order = 0;         // held: events recorded before on the same stream have lower ones
 };
 
 struct Device {
@@ -105,6 +106,7 @@ struct State {
   // GMEM_EMU_HOLD_EVENTS=1: a recorded event stays incomplete (as if the GPU
   // were busy) until its stream, the context or the event is synchronized.
   bool hold_events = false;
+  uint64_t events_recorded = 0;
   CUmemGenericAllocationHandle next_handle = 0x1000;
   unsigned long long next_buffer_id = 1;
 };

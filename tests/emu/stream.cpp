@@ -143,6 +143,7 @@ EMU_API CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned
   e->recorded = true;
   e->when = std::chrono::steady_clock::now();
   e->stream = state().hold_events ? (stream ? stream : CU_STREAM_LEGACY) : nullptr;
+  e->order = ++state().events_recorded;
   return CUDA_SUCCESS;
 }
 
@@ -162,6 +163,10 @@ EMU_API CUresult cuEventSynchronize(CUevent event) {
   std::lock_guard lock(state().mutex);
   Event* e = find_event(event);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  // Stream order: what was recorded before it on its stream has completed too.
+  for (Event* other : state().events) {
+    if (other != e && e->stream && other->stream == e->stream && other->order < e->order) other->stream = nullptr;
+  }
   e->stream = nullptr;
   trim_pools();
   return CUDA_SUCCESS;

@@ -225,16 +225,23 @@ TEST_F(Pool, PublishesWhatTheProgramHolds) {
 
 // Work queued before a stream-ordered free may still run after it, so the
 // freed range's addresses stay mapped until the free has completed, even
-// while its memory serves later requests on the same stream. (The memset
-// stands in for a kernel launched before the free and still running.)
+// while its memory serves later requests on the same stream: the pool keeps
+// them mapped, or waits for the free before it unmaps them. (The event
+// stands for a kernel launched before the free, the memset for its access.)
 TEST_F(Pool, AFreedRangeStaysMappedUntilItsFreeCompletes) {
+  CUevent kernel = nullptr;
+  ASSERT_EQ(cuEventCreate(&kernel, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
   CUdeviceptr a = alloc_on(s1_, 64 * mib);
+  ASSERT_EQ(cuEventRecord(kernel, s1_), CUDA_SUCCESS);
   ASSERT_EQ(cuMemFreeAsync(a, s1_), CUDA_SUCCESS);  // pending: events are held
   std::vector<CUdeviceptr> later;
   for (std::size_t size : {8 * mib, 24 * mib, 6 * mib, 20 * mib}) later.push_back(alloc_on(s1_, size));
-  EXPECT_EQ(cuMemsetD8_v2(a, 1, 64 * mib), CUDA_SUCCESS) << "unmapped before its free completed";
+  if (cuEventQuery(kernel) != CUDA_SUCCESS) {
+    EXPECT_EQ(cuMemsetD8_v2(a, 1, 64 * mib), CUDA_SUCCESS) << "unmapped while work before its free may run";
+  }
   for (CUdeviceptr p : later) EXPECT_EQ(cuMemFreeAsync(p, s1_), CUDA_SUCCESS);
   ASSERT_EQ(cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventDestroy_v2(kernel), CUDA_SUCCESS);
 }
 
 // A loop that allocates and frees the same things, as a training step does,

@@ -1,0 +1,224 @@
+"""The largest training job that fits, under each allocator setting: PyTorch's
+stock caching allocator, expandable_segments, backend:cudaMallocAsync, and
+gmem's VMM pool under the stock allocator and under cudaMallocAsync. For each
+setting a bisection over --sizes (nodes of a GCN's graph, or the batch of a
+transformer LM) finds the largest size whose training steps all run; each try
+is its own process. Prints a markdown table and BENCH lines: the largest size,
+the median step time and the peak physical memory / peak tensors at each size
+tried, and gmem's step time against expandable_segments' at the largest size
+both train. A try that fails other than by running out of memory fails the run.
+
+  python3 tests/gpu/sweep.py --shim .carry/libcuda.so.1 --job gnn --sizes 2e6 2.5e6 3e6 --out DIR
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+SETTINGS = {  # name: (PYTORCH_CUDA_ALLOC_CONF, under gmem)
+    "stock": (None, False),
+    "expandable": ("expandable_segments:True", False),
+    "async": ("backend:cudaMallocAsync", False),
+    "gmem-stock": (None, True),
+    "gmem-async": ("backend:cudaMallocAsync", True),
+}
+OOM_EXIT = 3
+GMEM_PEAK = re.compile(r"gmem: report vmm-pool device=0 reserved_peak=(\d+)")
+
+
+def gnn_step(torch, nodes):
+    """A 2-layer GCN (128 -> 256 -> 16) on a fixed random graph of `nodes`
+    nodes and 10 edges per node; message passing by gather + index_add_."""
+    features, hidden, classes, degree = 128, 256, 16, 10
+    dev = torch.device("cuda")
+    src = torch.randint(0, nodes, (degree * nodes,), device=dev)
+    dst = torch.randint(0, nodes, (degree * nodes,), device=dev)
+    deg = torch.ones(nodes, device=dev).index_add_(0, dst, torch.ones(degree * nodes, device=dev))
+    norm = (deg[src] * deg[dst]).rsqrt().unsqueeze(1)
+    del deg
+    x = torch.randn(nodes, features, device=dev)
+    labels = torch.randint(0, classes, (nodes,), device=dev)
+    w1 = torch.nn.Parameter(torch.randn(features, hidden, device=dev) * features ** -0.5)
+    w2 = torch.nn.Parameter(torch.randn(hidden, classes, device=dev) * hidden ** -0.5)
+    opt = torch.optim.Adam([w1, w2], lr=1e-2)
+
+    def propagate(h):
+        return torch.zeros_like(h).index_add_(0, dst, h[src] * norm)
+
+    def step():
+        h = torch.relu(propagate(x @ w1))
+        loss = torch.nn.functional.cross_entropy(propagate(h @ w2), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def lm_step(torch, batch):
+    """A decoder-only transformer LM (vocab 8192, width 512, 6 layers, 8
+    heads, sequence 2048, bf16 autocast, AdamW) on a batch of `batch`."""
+    nn, F = torch.nn, torch.nn.functional
+    vocab, width, layers, heads, seq = 8192, 512, 6, 8, 2048
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            b, t, w = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, w))
+            return x + self.ff(self.norm2(x))
+
+    dev = torch.device("cuda")
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(layers)],
+                          nn.LayerNorm(width), nn.Linear(width, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+JOBS = {"gnn": gnn_step, "lm": lm_step}
+
+
+def child(args):
+    """One try: builds the job at --size, runs --steps steps after one warm-up
+    step, prints one JSON line; exits OOM_EXIT if it ran out of memory."""
+    import torch
+    torch.manual_seed(0)
+    try:
+        step = JOBS[args.job](torch, int(args.size))
+        step()
+        times = []
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss = step()
+            loss.item()
+            times.append(time.perf_counter() - start)
+    except torch.OutOfMemoryError as e:
+        print(json.dumps({"oom": str(e).splitlines()[0][:200]}))
+        return OOM_EXIT
+    stats = torch.cuda.memory_stats()
+    print(json.dumps({"step_ms": statistics.median(times) * 1e3,
+                      "tensors_peak": torch.cuda.max_memory_allocated(),
+                      "reserved_peak": stats.get("reserved_bytes.all.peak", 0),
+                      "loss": float(loss)}))
+    return 0
+
+
+def attempt(args, setting, size):
+    """Runs one try; returns a dict: ok, oom, or error, and the figures."""
+    conf, gmem = SETTINGS[setting]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")}
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if gmem:
+        env["LD_PRELOAD"] = os.path.abspath(args.shim)
+        env["GMEM_CONF"] = ",".join(filter(None, ["pool:vmm,report:1", args.conf]))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", args.job, "--size", str(size),
+           "--steps", str(args.steps)]
+    shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
+                     if k in env)
+    log = os.path.join(args.out, f"sweep-{args.job}-{setting}-{size}.log")
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        code, out, err = None, "", f"timed out after {args.timeout} s"
+    with open(log, "w") as f:
+        f.write(f"$ {shown} {' '.join(cmd)}\n--- stdout\n{out}--- stderr\n{err}--- exit {code}\n")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {}
+    if code == 0 and "step_ms" in result:
+        peak = GMEM_PEAK.search(err)
+        physical = int(peak[1]) if gmem and peak else result["reserved_peak"]
+        return result | {"ok": True, "physical_peak": physical}
+    if code == OOM_EXIT:
+        return {"ok": False, "oom": True}
+    return {"ok": False, "oom": False, "error": f"exit {code}: {(err.strip().splitlines() or [''])[-1][:200]}"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", choices=list(JOBS), required=True)
+    ap.add_argument("--sizes", nargs="+", type=float, help="sizes to bisect over (nodes, or batch)")
+    ap.add_argument("--size", type=float, help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
+    ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the gmem runs")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per try, after one warm-up step")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per try")
+    ap.add_argument("--out", default=".", help="folder for the tries' logs")
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if not args.sizes:
+        ap.error("--sizes is needed")
+    if any(SETTINGS[s][1] for s in args.settings) and not args.shim:
+        ap.error("--shim is needed for the gmem settings")
+    os.makedirs(args.out, exist_ok=True)
+    sizes = sorted(int(s) for s in args.sizes)
+    tried, largest, failures = {}, {}, 0
+    for setting in args.settings:
+        lo, hi = -1, len(sizes)  # sizes[lo] trains (or none), sizes[hi] does not (or none)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            r = attempt(args, setting, sizes[mid])
+            tried[setting, sizes[mid]] = r
+            print(f"{setting} {args.job} {sizes[mid]}: "
+                  + (f"{r['step_ms']:.1f} ms/step" if r["ok"] else "out of memory" if r["oom"] else r["error"]),
+                  flush=True)
+            if not r["ok"] and not r["oom"]:
+                failures += 1
+            lo, hi = (mid, hi) if r["ok"] else (lo, mid)
+        largest[setting] = sizes[lo] if lo >= 0 else 0
+    # gmem's step time against expandable_segments' at the size both train.
+    target = largest.get("expandable", 0)
+    if target and largest.get("gmem-async", 0) >= target and ("gmem-async", target) not in tried:
+        tried["gmem-async", target] = attempt(args, "gmem-async", target)
+        failures += not tried["gmem-async", target]["ok"]
+    print(f"\n| setting | largest {args.job} size that trains | step (ms) | peak physical / peak tensors |")
+    print("| --- | --- | --- | --- |")
+    for setting in args.settings:
+        r = tried.get((setting, largest[setting]), {})
+        ratio = r["physical_peak"] / r["tensors_peak"] if r.get("ok") and r["tensors_peak"] else float("nan")
+        print(f"| {setting} | {largest[setting]} | {r.get('step_ms', float('nan')):.1f} | {ratio:.3f} |")
+    print()
+    for (setting, size), r in sorted(tried.items()):
+        if r["ok"]:
+            print(f"BENCH sweep_{args.job}_{setting}_{size}_step_ms {r['step_ms']:.2f} ms")
+            print(f"BENCH sweep_{args.job}_{setting}_{size}_peak_ratio "
+                  f"{r['physical_peak'] / r['tensors_peak']:.4f} ratio")
+    for setting in args.settings:
+        print(f"BENCH sweep_{args.job}_{setting}_largest {largest[setting]} size")
+    both = tried.get(("expandable", target)), tried.get(("gmem-async", target))
+    if all(r and r["ok"] for r in both):
+        print(f"BENCH sweep_{args.job}_gmem_async_vs_expandable_step {both[1]['step_ms'] / both[0]['step_ms']:.3f} x")
+    if failures:
+        print(f"sweep: {failures} tries failed other than by running out of memory", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
