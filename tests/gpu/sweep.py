@@ -101,13 +101,14 @@ JOBS = {"gnn": gnn_step, "lm": lm_step}
 
 
 def child(args):
-    """One try: builds the job at --size, runs --steps steps after one warm-up
-    step, prints one JSON line; exits OOM_EXIT if it ran out of memory."""
+    """One try: builds the job at --size, runs --steps steps after --warmup
+    steps, prints one JSON line; exits OOM_EXIT if it ran out of memory."""
     import torch
     torch.manual_seed(0)
     try:
         step = JOBS[args.job](torch, int(args.size))
-        step()
+        for _ in range(args.warmup):
+            step()
         times = []
         for _ in range(args.steps):
             torch.cuda.synchronize()
@@ -136,7 +137,7 @@ def attempt(args, setting, size):
         env["LD_PRELOAD"] = os.path.abspath(args.shim)
         env["GMEM_CONF"] = ",".join(filter(None, ["pool:vmm,report:1", args.conf]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", args.job, "--size", str(size),
-           "--steps", str(args.steps)]
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
     shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
                      if k in env)
     log = os.path.join(args.out, f"sweep-{args.job}-{setting}-{size}.log")
@@ -167,7 +168,9 @@ def main():
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the gmem runs")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per try, after one warm-up step")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per try")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="steps before the timed ones (an allocator may settle in its first steps)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per try")
     ap.add_argument("--out", default=".", help="folder for the tries' logs")
     args = ap.parse_args()
