@@ -105,13 +105,17 @@ void VmmPool::complete_pending_frees() {
   for_each_pending([&](Pending& p) { reusable(p, 0); });
 }
 
-CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out) {
-  CUresult status = vmm::Chunk::create(driver_, device, size, out);
+CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out, bool spill) {
+  // gmem tiers hook (pool/tiers.h): past its budget the device may not grow; a spill goes to a peer or the host.
+  const std::size_t held = devices_[device].figures.reserved;
+  CUresult status = spill ? tiers_->make(device, held, size, out)
+                    : tiers_ && !tiers_->device_may_hold(device, held, size) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                                              : vmm::Chunk::create(driver_, device, size, out);
   if (status == CUDA_SUCCESS) {
     Figures& f = devices_[device].figures;
-    f.reserved += size;
+    f.reserved += out->size();  // a spilled chunk may be smaller than asked
     f.reserved_high = std::max(f.reserved_high, f.reserved);
-    publish(device, GMEM_STAT_reserved_bytes, int64_t(size));
+    publish(device, GMEM_STAT_reserved_bytes, int64_t(out->size()));
     publish(device, GMEM_STAT_chunks, 1);
   }
   return status;
@@ -252,6 +256,13 @@ CUresult VmmPool::new_range(std::size_t size, int device, std::unique_ptr<Range>
       loosen_cached(device, size - covered);
       take_loose(device, size, &parts, &covered);
       status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
+    }
+    // gmem tiers hook: what the device cannot hold, peers and then the host may, a chunk per tier.
+    while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ &&
+           new_chunk(device, size - covered, &fresh, true) == CUDA_SUCCESS) {
+      covered += fresh.size();
+      parts.push_back(std::move(fresh));
+      if (covered >= size) status = CUDA_SUCCESS;
     }
     if (status != CUDA_SUCCESS) {
       for (auto& c : parts) {

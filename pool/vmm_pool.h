@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pool/publisher.h"
+#include "pool/tiers.h"
 #include "vmm/memory.h"
 
 namespace gmem::pool {
@@ -52,8 +53,9 @@ class VmmPool {
  public:
   // `headroom`: how much more than its peak use, as a fraction of it, the pool
   // may hold before it takes cached memory apart rather than grow.
-  VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom)
-      : driver_(driver), publisher_(publisher), headroom_(headroom) {}
+  // gmem tiers hook: `tiers` (optional) holds what the device cannot, or by its budget may not.
+  VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom, Tiers* tiers = nullptr)
+      : driver_(driver), publisher_(publisher), headroom_(headroom), tiers_(tiers) {}
   static constexpr double default_headroom = 1.0 / 64;
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
@@ -131,7 +133,8 @@ class VmmPool {
   // A new mapped range of at least `size` bytes on `device`, from new memory or,
   // when the device is full, from cached memory given back or stitched.
   CUresult new_range(std::size_t size, int device, std::unique_ptr<Range>* out);
-  CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out);
+  // gmem tiers hook: `spill` makes it on a peer or the host (at most `size` bytes).
+  CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out, bool spill = false);
   CUresult map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out);
   void drop_chunk(int device, vmm::Chunk chunk);  // back to the driver
   void unmap_range(Range& range);
@@ -173,6 +176,7 @@ class VmmPool {
   // (tests/bench/pool_policy.cpp) 1/64 keeps peak physical / peak requested at
   // 1.03 and 1.02; 1/16 gives 1.08 and 1.06 for a third less driver work.
   const double headroom_;
+  Tiers* const tiers_;  // gmem tiers hook
   mutable std::mutex mutex_;
   bool quiet_ = false;  // the current call's, under mutex_
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address

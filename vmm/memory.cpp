@@ -46,10 +46,11 @@ CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk
 }
 
 // A mapped chunk lives on until unmapped: releasing the handle is safe at once.
+// The observer hears first, while the handle cannot name another chunk yet.
 Chunk::~Chunk() {
   if (!driver_) return;
-  driver_->cuMemRelease(id_);
   if (observer_) observer_->released(*this);
+  driver_->cuMemRelease(id_);
 }
 
 CUresult Reservation::reserve(const Driver& driver, std::size_t size, Reservation* out) {
