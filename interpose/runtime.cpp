@@ -48,6 +48,7 @@ pool::Budgets budgets(const Config& config) {
   b.peer = config.peer_budget;
   b.peer_reserve = config.peer_reserve;
   b.host = config.host_budget;
+  b.host_prepare = config.host_prepare;
   b.mem_info = config.mem_info;
   return b;
 }

@@ -1,6 +1,9 @@
 #include "pool/tiers.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -24,10 +27,115 @@ std::size_t host_available_memory() {
 
 }  // namespace
 
-Tiers::Tiers(const vmm::Driver& driver, Budgets budgets, Publisher* publisher, std::size_t host_available)
-    : driver_(driver), budgets_(budgets), publisher_(publisher), host_available_(host_available) {}
 
-Tiers::~Tiers() = default;
+namespace {
+
+// Every Tiers, for the exit and fork handlers of their preparers.
+std::mutex running_mutex;
+std::vector<Tiers*> running;
+
+void stop_all_preparers() {
+  std::lock_guard lock(running_mutex);
+  for (Tiers* t : running) t->stop_preparer();
+}
+
+void lock_all_before_fork() {
+  running_mutex.lock();
+  for (Tiers* t : running) t->before_fork();
+}
+void unlock_all_in_parent() {
+  for (Tiers* t : running) t->after_fork(false);
+  running_mutex.unlock();
+}
+void unlock_all_in_child() {
+  for (Tiers* t : running) t->after_fork(true);
+  running_mutex.unlock();
+}
+
+}  // namespace
+
+Tiers::Tiers(const vmm::Driver& driver, Budgets budgets, Publisher* publisher, std::size_t host_available)
+    : driver_(driver), budgets_(budgets), publisher_(publisher), host_available_(host_available) {
+  std::lock_guard lock(running_mutex);
+  running.push_back(this);
+}
+
+Tiers::~Tiers() {
+  std::lock_guard lock(running_mutex);
+  std::erase(running, this);
+}
+
+bool Tiers::preparing() const {
+  std::lock_guard lock(mutex_);
+  return preparer_ != nullptr;
+}
+
+std::size_t Tiers::prepared_bytes() const {
+  std::lock_guard lock(mutex_);
+  return prepared_;
+}
+
+void Tiers::stop_preparer() {
+  HostPreparer* preparer = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    preparer = preparer_.get();
+  }
+  if (preparer) preparer->stop();  // it may need mutex_ to finish its chunk
+}
+
+// No thread of ours may hold the lock across fork: the child would find it
+// held forever.
+void Tiers::before_fork() { mutex_.lock(); }
+
+void Tiers::after_fork(bool child) {
+  // The child has no preparer thread; its object (and locks) are left alone.
+  if (child) (void)preparer_.release();
+  mutex_.unlock();
+}
+
+void Tiers::expect_host_chunk(int device, std::size_t size) {
+  const std::size_t target = budgets_.host_prepare.share < 0 ? budgets_.host_prepare.bytes
+                                                              : budgets_.host_prepare.of(host_budget_locked());
+  DeviceInfo& d = info(device);
+  if (!target || !d.topology.host_numa_vmm) return;
+  if (!preparer_) {
+    const int node = d.topology.host_numa_node;
+    preparer_device_ = device;
+    preparer_ = std::make_unique<HostPreparer>(
+        target, [this, node](std::size_t bytes, vmm::Chunk* out) { return prepare_host(node, bytes, out); });
+    static std::once_flag handlers;
+    std::call_once(handlers, [] {
+      // Registered after cuInit, so they run before the driver's own exit handlers.
+      std::atexit(stop_all_preparers);
+      pthread_atfork(lock_all_before_fork, unlock_all_in_parent, unlock_all_in_child);
+    });
+  }
+  preparer_->expect(size);
+}
+
+CUresult Tiers::prepare_host(int node, std::size_t size, vmm::Chunk* out) {
+  {
+    // Half the room at most: what the program asks for now comes first.
+    std::lock_guard lock(mutex_);
+    if (size > host_room_locked() / 2) return CUDA_ERROR_OUT_OF_MEMORY;
+    host_held_ += size;
+  }
+  CUresult status = vmm::Chunk::create(driver_, vmm::Location::host_numa(node), size, out, this);
+  std::lock_guard lock(mutex_);
+  if (status != CUDA_SUCCESS) {
+    host_held_ -= size;
+    return status;
+  }
+  held_[out->handle()] = Held{-1, true, size};
+  prepared_ += size;
+  publish_prepared(preparer_device_);
+  return CUDA_SUCCESS;
+}
+
+void Tiers::publish_prepared(int device) {
+  if (publisher_) publisher_->set(device, GMEM_STAT_host_prepared_bytes, prepared_);
+}
 
 Tiers::DeviceInfo& Tiers::info(int device) {
   DeviceInfo& d = devices_[device];
@@ -96,7 +204,11 @@ std::size_t Tiers::device_room(int device, std::size_t pool_bytes) {
 
 bool Tiers::device_may_hold(int device, std::size_t pool_bytes, std::size_t size) {
   std::lock_guard lock(mutex_);
-  return size <= device_room(device, pool_bytes);
+  const std::size_t room = device_room(device, pool_bytes);
+  // Near full: the next chunks of this size may have to come from the host.
+  const std::size_t budget = budgets_.device.of(info(device).total);
+  if (preparer_ || room < size + budget / 10) expect_host_chunk(device, size);
+  return size <= room;
 }
 
 CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out) {
@@ -130,6 +242,20 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
     // The peer's memory went to someone else meanwhile: the next tier.
   }
   if (!d.topology.host_numa_vmm) return CUDA_ERROR_OUT_OF_MEMORY;
+  expect_host_chunk(device, want);
+  if (preparer_ && preparer_->take(want, out)) {
+    prepared_ -= out->size();
+    hold(*out, device, true);  // prepared for no device until now
+    publish_prepared(preparer_device_);
+    return CUDA_SUCCESS;
+  }
+  if (preparer_ && host_room_locked() < want) {
+    // Prepared chunks of other sizes give their room to this request.
+    std::vector<vmm::Chunk> spare = preparer_->drain();
+    lock.unlock();
+    spare.clear();
+    lock.lock();
+  }
   const std::size_t size = std::min(want, round_down(host_room_locked(), granularity));
   if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const int node = d.topology.host_numa_node;
@@ -145,6 +271,7 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
 }
 
 void Tiers::hold(const vmm::Chunk& chunk, int device, bool host) {
+  // (A prepared chunk is already in the host budget.)
   held_[chunk.handle()] = Held{device, host, chunk.size()};
   DeviceInfo& d = devices_[device];
   (host ? d.spilled.host : d.spilled.peer) += chunk.size();
@@ -166,13 +293,18 @@ void Tiers::released(const vmm::Chunk& chunk) {
   const Held h = it->second;
   held_.erase(it);
   std::erase_if(mapped_, [&](const auto& entry) { return entry.second.handle == chunk.handle(); });
-  DeviceInfo& d = devices_[h.device];
-  (h.host ? d.spilled.host : d.spilled.peer) -= h.size;
   if (h.host) {
     host_held_ -= h.size;
   } else {
     devices_[chunk.location().id].peer_held -= h.size;
   }
+  if (h.device < 0) {  // prepared, never used
+    prepared_ -= h.size;
+    publish_prepared(preparer_device_);
+    return;
+  }
+  DeviceInfo& d = devices_[h.device];
+  (h.host ? d.spilled.host : d.spilled.peer) -= h.size;
   if (d.spilled.host + d.spilled.peer == 0 && h.device >= 0 && h.device < 32) {
     spilled_devices_.fetch_and(~(1u << h.device), std::memory_order_relaxed);
   }

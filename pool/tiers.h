@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "pool/budget.h"
+#include "pool/host_preparer.h"
 #include "pool/publisher.h"
 #include "vmm/memory.h"
 #include "vmm/topology.h"
@@ -61,6 +62,15 @@ class Tiers final : public vmm::ChunkObserver {
   // Bytes held for `device` on peers and on the host.
   Split held(int device) const;
 
+  // The host preparer (pool/host_preparer.h): started once a device is near
+  // full (90% of its budget) or spills; stopped at exit, before the driver's
+  // own exit handlers run; gone in a forked child.
+  bool preparing() const;
+  std::size_t prepared_bytes() const;
+  void stop_preparer();
+  void before_fork();
+  void after_fork(bool child);
+
   // vmm::ChunkObserver
   void mapped(const vmm::Chunk& chunk, CUdeviceptr at) override;
   void unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) override;
@@ -95,6 +105,11 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_budget_locked();
   std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }
   void publish(int device);
+  void publish_prepared(int device);  // under mutex_
+  // A chunk of `size` will likely be wanted on `device`'s host node; under mutex_.
+  void expect_host_chunk(int device, std::size_t size);
+  // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
+  CUresult prepare_host(int node, std::size_t size, vmm::Chunk* out);
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);
 
@@ -106,10 +121,13 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_budget_ = 0;
   bool host_budget_known_ = false;
   std::size_t host_held_ = 0;
+  std::size_t prepared_ = 0;  // of host_held_, prepared chunks not yet used
   std::map<int, DeviceInfo> devices_;
   std::unordered_map<CUmemGenericAllocationHandle, Held> held_;
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
   std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
+  int preparer_device_ = -1;                  // the device whose near-full started it
+  std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go
 };
 
 }  // namespace gmem::pool

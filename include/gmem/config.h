@@ -33,6 +33,10 @@
     "or a share of the host's available memory when first needed; pinned memory "    \
     "cannot be swapped, so half stays for the job's own host memory); 0: no host "   \
     "tier")                                                                           \
+  X(host_prepare, amount, "1G",                                                      \
+    "pinned host memory a background thread prepares ahead of need, in the sizes "   \
+    "the pool recently made, once a device is near full (a size, or a share of "      \
+    "host_budget); 0: no thread")                                                     \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \

@@ -50,7 +50,9 @@
   X(host_bytes, "live bytes of this device's allocations spilled to pinned host memory")          \
   X(peer_bytes, "live bytes of this device's allocations spilled to a peer GPU's memory")         \
   X(host_reserved_bytes, "pinned host memory held for this device (part of reserved_bytes)")     \
-  X(peer_reserved_bytes, "peer GPU memory held for this device (part of reserved_bytes)")
+  X(peer_reserved_bytes, "peer GPU memory held for this device (part of reserved_bytes)")         \
+  X(host_prepared_bytes, "pinned host memory prepared ahead of need, not yet used (on the device " \
+                         "whose near-full started the preparer)")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };

@@ -2,9 +2,11 @@
 // driver with two devices: device 0 of 64 MiB, device 1 of 32 MiB (its peer,
 // with an 8 MiB reserve), and pinned host memory within host_budget.
 // meson runs each suite with its own GMEM_CONF (tests/meson.build):
-//   Spill.*     pool:vmm,peer_reserve:8M,host_budget:48M
-//   Budget.*    pool:vmm,device_budget:16M,peer_budget:0,host_budget:8M
-//   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,mem_info:tiers
+//   Spill.*     pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0
+//   Budget.*    pool:vmm,device_budget:16M,peer_budget:0,host_budget:8M,host_prepare:0
+//   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
+//   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
+//   Exit.*      with Spill and with Prepare
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,7 @@ namespace {
 
 constexpr std::size_t mib = 1 << 20;
 std::string stats_dir;
+bool in_forked_child = false;
 
 std::string stats_path(pid_t pid) { return stats_dir + "/" GMEM_STATS_FILE_PREFIX + std::to_string(pid); }
 
@@ -295,7 +299,11 @@ int spill_and_exit_main() {
   if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx)) return 10;
   CUdeviceptr a = 0, b = 0;
   if (cuMemAlloc_v2(&a, 64 * mib) || cuMemAlloc_v2(&b, 40 * mib)) return 11;
-  if (OwnStats().device(0, GMEM_STAT_host_bytes) != 16 * mib) return 12;
+  OwnStats stats;
+  if (stats.device(0, GMEM_STAT_host_bytes) + stats.device(0, GMEM_STAT_peer_bytes) != 40 * mib ||
+      stats.device(0, GMEM_STAT_host_bytes) == 0) {
+    return 12;
+  }
   return 0;  // exit() with a and b live
 }
 
@@ -304,6 +312,85 @@ TEST(Exit, AProcessThatSpilledExitsCleanlyAndItsStatsGo) {
   EXPECT_EQ(run_child("--spill-and-exit", &pid), 0);
   struct stat st;
   EXPECT_NE(stat(stats_path(pid).c_str(), &st), 0) << "the child's stats file outlived it";
+}
+
+int threads() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) n += entry.exists();
+  return n;
+}
+
+// Waits up to 5 s for `stat` of device 0 to read `value`.
+bool wait_for(gmem_device_stat stat, uint64_t value) {
+  for (int i = 0; i < 500; ++i) {
+    if (OwnStats().device(0, stat) == value) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// The emulator's handle behind `ptr` (past the shim); the emulator numbers
+// handles in the order they were made.
+CUmemGenericAllocationHandle driver_handle(CUdeviceptr ptr) {
+  void* emu = dlopen(getenv("GMEM_REAL_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+  auto retain = emu ? reinterpret_cast<decltype(&cuMemRetainAllocationHandle)>(dlsym(emu, "cuMemRetainAllocationHandle"))
+                    : nullptr;
+  auto release = emu ? reinterpret_cast<decltype(&cuMemRelease)>(dlsym(emu, "cuMemRelease")) : nullptr;
+  CUmemGenericAllocationHandle handle = 0;
+  if (!retain || !release || retain(&handle, reinterpret_cast<void*>(ptr)) != CUDA_SUCCESS) return 0;
+  release(handle);
+  return handle;
+}
+
+using Prepare = Tiers;
+
+// No thread until the device is near full; then host chunks of the sizes the
+// pool makes are pinned ahead, and a spill takes one; a forked child has no
+// such thread and exits at once.
+TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
+  const int before = threads();
+  alloc(8 * mib);
+  alloc(40 * mib);
+  EXPECT_EQ(threads(), before) << "a thread before the device is near full";
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_prepared_bytes), 0u);
+  CUdeviceptr near = alloc(12 * mib);  // 4 MiB left: near full
+  fill(near, 12 * mib, 11);
+  EXPECT_EQ(threads(), before + 1);
+  ASSERT_TRUE(wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib)) << "no 12 MiB chunk prepared";
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 0u);  // prepared is no device's yet
+
+  // 4 MiB on the device, 12 from the prepared chunk: made before the device's part.
+  CUdeviceptr b = alloc(16 * mib);
+  fill(b, 16 * mib, 12);
+  check(b, 16 * mib, 12);
+  check(near, 12 * mib, 11);
+  OwnStats stats;
+  EXPECT_EQ(stats.placement(b).host_bytes, 12 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 12 * mib);
+  const CUmemGenericAllocationHandle device_part = driver_handle(b), host_part = driver_handle(b + 15 * mib);
+  ASSERT_NE(device_part, 0u);
+  ASSERT_NE(host_part, 0u);
+  EXPECT_LT(host_part, device_part) << "the host part was pinned during the allocation, not ahead of it";
+  EXPECT_EQ(driver_memory_type(b + 15 * mib), CU_MEMORYTYPE_HOST);
+
+  // A request the prepared chunks do not fit takes their room: host budget 48
+  // MiB, 12 in use, up to 12 prepared (half the room at most).
+  wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib);
+  CUdeviceptr c = alloc(36 * mib);
+  fill(c, 36 * mib, 13);
+  check(c, 36 * mib, 13);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 48 * mib);
+
+  pid_t child = fork();
+  if (child == 0) {
+    in_forked_child = true;
+    exit(threads() == 1 ? 0 : 3);  // exit(): the shim's exit handlers run, and must not wait for a thread
+  }
+  ASSERT_GT(child, 0);
+  int status = -1;
+  for (int i = 0; i < 500 && waitpid(child, &status, WNOHANG) == 0; ++i) usleep(10000);
+  ASSERT_TRUE(WIFEXITED(status)) << "the forked child did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "threads in the forked child";
 }
 
 // device_budget:16M: the device's own memory holds at most 16 MiB of the
@@ -363,7 +450,7 @@ int main(int argc, char** argv) {
   setenv("GMEM_CONF", conf.c_str(), 1);
   setenv("GMEM_TIERS_STATS_DIR", dir, 1);
   atexit([] {
-    if (rmdir(stats_dir.c_str()) != 0) {
+    if (!in_forked_child && rmdir(stats_dir.c_str()) != 0) {
       fprintf(stderr, "pool-tiers: the stats file was not removed at exit\n");
       _exit(1);
     }
