@@ -248,7 +248,8 @@ step lazy 30 "${preload[@]}" "$carry/lazy-probe"
 step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
 step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
 step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
-step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
+# stitch fills the device until it is out of memory: no spill tiers there.
+step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$carry/stitch"
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix
