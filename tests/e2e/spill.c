@@ -13,14 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                  \
-  do {                                                               \
-    CUresult s_ = (call);                                            \
-    if (s_ != CUDA_SUCCESS) {                                        \
-      fprintf(stderr, "spill: %s failed: %d\n", #call, s_);          \
-      return 1;                                                      \
-    }                                                                \
-  } while (0)
+#define PROGRAM "spill"
+#include "check.h"
 
 enum { max_blocks = 1024 };
 static const size_t mib = 1 << 20, step = 2 << 20;

@@ -25,50 +25,17 @@
 #include <vector>
 
 #include "gmem/stats.h"
+#include "own_stats.h"
 
 extern char** environ;
 
 namespace {
 
 constexpr std::size_t mib = 1 << 20;
-std::string stats_dir;
+using gmem_test::OwnStats;
+using gmem_test::stats_dir;
+using gmem_test::stats_path;
 bool in_forked_child = false;
-
-std::string stats_path(pid_t pid) { return stats_dir + "/" GMEM_STATS_FILE_PREFIX + std::to_string(pid); }
-
-// This process's stats file, as gmemd sees it.
-class OwnStats {
- public:
-  OwnStats() {
-    int fd = open(stats_path(getpid()).c_str(), O_RDONLY);
-    if (fd < 0) return;
-    bytes_ = static_cast<std::size_t>(lseek(fd, 0, SEEK_END));
-    void* map = mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (map != MAP_FAILED) map_ = static_cast<const char*>(map);
-  }
-  ~OwnStats() {
-    if (map_) munmap(const_cast<char*>(map_), bytes_);
-  }
-  const gmem_stats_header& header() const { return *reinterpret_cast<const gmem_stats_header*>(map_); }
-  uint64_t device(int d, gmem_device_stat stat) const {
-    auto* devices = reinterpret_cast<const gmem_device_stats*>(map_ + header().device_offset);
-    return __atomic_load_n(&devices[d].slots[stat], __ATOMIC_RELAXED);
-  }
-  // The live placement entry of `base`; size 0 if none.
-  gmem_placement placement(CUdeviceptr base) const {
-    auto* table = reinterpret_cast<const gmem_placement*>(map_ + header().placement_offset);
-    for (uint32_t i = 0; i < header().placement_capacity; ++i) {
-      if (__atomic_load_n(&table[i].sequence, __ATOMIC_ACQUIRE) == 0) continue;
-      if (table[i].size && table[i].base == base) return table[i];
-    }
-    return {};
-  }
-
- private:
-  const char* map_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 
 std::vector<uint32_t> pattern(std::size_t bytes, uint32_t seed) {
   std::vector<uint32_t> v(bytes / 4);
