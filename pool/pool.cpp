@@ -186,13 +186,18 @@ CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream defau
   });
 }
 
-// Memory the pool caches counts as free: the program may have it. With
-// mem_info:tiers, so does what peers and the host may still hold.
+// Memory the pool caches on the device counts as free: the program may have
+// it. Cached memory may be spilled memory, which is not the device's: only
+// what the cache holds beyond all spilled memory is counted, so that the
+// device's free memory is never overstated. With mem_info:tiers, what peers
+// and the host may still hold is added.
 CUresult Pool::get_info(std::size_t* free, std::size_t* total) {
   CUresult status = driver_.cuMemGetInfo_v2(free, total);
   CUdevice device = 0;
   if (vmm_ && status == CUDA_SUCCESS && driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
-    if (free) *free += vmm_->cached_bytes(device);
+    const std::size_t cached = vmm_->cached_bytes(device);
+    const Split spilled = tiers_->spilled(device) ? tiers_->held(device) : Split{};
+    if (free && cached > spilled.host + spilled.peer) *free += cached - spilled.host - spilled.peer;
     if (tiers_->reports_tiers()) tiers_->add_tier_memory(device, free, total);
   }
   return status;

@@ -376,16 +376,22 @@ TEST_F(Budget, TheDeviceBudgetSpillsWhatTheDeviceCouldHold) {
   check(a, 12 * mib, 9);
   check(b, 10 * mib, 10);
   // The device itself still has room: the driver's own allocations are not the
-  // pool's budget. (The trim gives back the 2 MiB host chunk the refused
-  // request left cached, which cuMemGetInfo would count as free.)
+  // pool's budget. The 2 MiB host chunk the refused request left cached is
+  // not the device's free memory.
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 8 * mib);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_cached_free_bytes), 2 * mib);
+  std::size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 64 * mib);
+  EXPECT_EQ(free_bytes, 64 * mib - 16 * mib);
   CUmemoryPool mempool = nullptr;
   ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
   ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
   EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 6 * mib);
-  std::size_t free = 0, total = 0;
-  ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
-  EXPECT_EQ(total, 64 * mib);
-  EXPECT_EQ(free, 64 * mib - 16 * mib);
+  free(b);
+  // Device memory cached counts as free again.
+  ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_bytes, 64 * mib - 12 * mib);
 }
 
 // mem_info:tiers: cuMemGetInfo adds the peer's room and the host budget.
