@@ -6,6 +6,7 @@
 //   Budget.*    pool:vmm,device_budget:16M,peer_budget:0,host_budget:8M,host_prepare:0
 //   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
 //   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
+//   NoPeer.*    pool:vmm,host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
 //   Exit.*      with Spill and with Prepare
 #include <cuda.h>
 #include <dlfcn.h>
@@ -392,6 +393,25 @@ TEST_F(Budget, TheDeviceBudgetSpillsWhatTheDeviceCouldHold) {
   // Device memory cached counts as free again.
   ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
   EXPECT_EQ(free_bytes, 64 * mib - 12 * mib);
+}
+
+using NoPeer = Tiers;
+
+// GMEM_EMU_P2P=0: device 1 is not a peer device 0 can map, so nothing goes there.
+TEST_F(NoPeer, WithoutP2PTheHostTakesWhatTheDeviceCannotHold) {
+  int can = -1;
+  ASSERT_EQ(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_SUCCESS);
+  ASSERT_EQ(can, 0);
+  CUdeviceptr a = alloc(64 * mib);
+  CUdeviceptr b = alloc(20 * mib);
+  fill(a, 64 * mib, 14);
+  fill(b, 20 * mib, 15);
+  check(a, 64 * mib, 14);
+  check(b, 20 * mib, 15);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
+  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
 }
 
 // mem_info:tiers: cuMemGetInfo adds the peer's room and the host budget.
