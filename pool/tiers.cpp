@@ -101,9 +101,15 @@ void Tiers::expect_host_chunk(int device, std::size_t size) {
   if (!target || !d.topology.host_numa_vmm) return;
   if (!preparer_) {
     const int node = d.topology.host_numa_node;
+    // The thread works in the context of the allocation that found the device near full.
+    CUcontext context = nullptr;
+    driver_.cuCtxGetCurrent(&context);
     preparer_device_ = device;
-    preparer_ = std::make_unique<HostPreparer>(
-        target, [this, node](std::size_t bytes, vmm::Chunk* out) { return prepare_host(node, bytes, out); });
+    preparer_ = std::make_unique<HostPreparer>(target, [this, node, context](std::size_t bytes, vmm::Chunk* out) {
+      CUcontext current = nullptr;
+      if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != context) driver_.cuCtxSetCurrent(context);
+      return prepare_host(node, bytes, out);
+    });
     static std::once_flag handlers;
     std::call_once(handlers, [] {
       // Registered after cuInit, so they run before the driver's own exit handlers.
@@ -221,7 +227,11 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   std::size_t free = 0, total = 0;
   if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
     const std::size_t room = round_down(std::min(free, device_room(device, pool_bytes)), granularity);
-    if (room && room < want && vmm::Chunk::create(driver_, device, room, out) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (room && room < want) {
+      lock.unlock();
+      if (vmm::Chunk::create(driver_, device, room, out) == CUDA_SUCCESS) return CUDA_SUCCESS;
+      lock.lock();
+    }
   }
   const std::vector<vmm::Peer> peers = d.topology.peers;
   for (const vmm::Peer& peer : peers) {

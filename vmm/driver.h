@@ -10,6 +10,7 @@ namespace gmem::vmm {
 // X(member, function whose prototype it has)
 #define GMEM_DRIVER_TABLE(X)                                    \
   X(cuCtxGetCurrent, cuCtxGetCurrent)                           \
+  X(cuCtxSetCurrent, cuCtxSetCurrent)                           \
   X(cuCtxGetDevice, cuCtxGetDevice)                             \
   X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)     \
   X(cuGetErrorName, cuGetErrorName)                             \
