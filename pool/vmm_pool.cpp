@@ -106,11 +106,15 @@ void VmmPool::complete_pending_frees() {
 }
 
 CUresult VmmPool::new_chunk(int device, std::size_t size, vmm::Chunk* out, bool spill) {
-  // gmem tiers hook (pool/tiers.h): past its budget the device may not grow; a spill goes to a peer or the host.
+  // gmem tiers hook (pool/tiers.h): past its budget the device may not grow;
+  // a spill is made by the tiers (the device's last room, a peer, the host).
   const std::size_t held = devices_[device].figures.reserved;
-  CUresult status = spill ? tiers_->make(device, held, size, out)
-                    : tiers_ && !tiers_->device_may_hold(device, held, size) ? CUDA_ERROR_OUT_OF_MEMORY
-                                                                              : vmm::Chunk::create(driver_, device, size, out);
+  CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+  if (spill) {
+    status = tiers_->make(device, held, size, out);
+  } else if (!tiers_ || tiers_->device_may_hold(device, held, size)) {
+    status = vmm::Chunk::create(driver_, device, size, out);
+  }
   if (status == CUDA_SUCCESS) {
     Figures& f = devices_[device].figures;
     f.reserved += out->size();  // a spilled chunk may be smaller than asked

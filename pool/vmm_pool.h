@@ -133,7 +133,7 @@ class VmmPool {
   // A new mapped range of at least `size` bytes on `device`, from new memory or,
   // when the device is full, from cached memory given back or stitched.
   CUresult new_range(std::size_t size, int device, std::unique_ptr<Range>* out);
-  // gmem tiers hook: `spill` makes it on a peer or the host (at most `size` bytes).
+  // gmem tiers hook: with `spill`, the tiers make it (at most `size` bytes).
   CUresult new_chunk(int device, std::size_t size, vmm::Chunk* out, bool spill = false);
   CUresult map_range(std::vector<vmm::Chunk> chunks, int device, std::unique_ptr<Range>* out);
   void drop_chunk(int device, vmm::Chunk chunk);  // back to the driver
