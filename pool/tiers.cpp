@@ -98,17 +98,17 @@ void Tiers::expect_host_chunk(int device, std::size_t size) {
   const std::size_t target = budgets_.host_prepare.share < 0 ? budgets_.host_prepare.bytes
                                                               : budgets_.host_prepare.of(host_budget_locked());
   DeviceInfo& d = info(device);
-  if (!target || !d.topology.host_numa_vmm) return;
+  vmm::Location where;
+  if (!target || !d.topology.host_location(&where)) return;
   if (!preparer_) {
-    const int node = d.topology.host_numa_node;
     // The thread works in the context of the allocation that found the device near full.
     CUcontext context = nullptr;
     driver_.cuCtxGetCurrent(&context);
     preparer_device_ = device;
-    preparer_ = std::make_unique<HostPreparer>(target, [this, node, context](std::size_t bytes, vmm::Chunk* out) {
+    preparer_ = std::make_unique<HostPreparer>(target, [this, where, context](std::size_t bytes, vmm::Chunk* out) {
       CUcontext current = nullptr;
       if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != context) driver_.cuCtxSetCurrent(context);
-      return prepare_host(node, bytes, out);
+      return prepare_host(where, bytes, out);
     });
     static std::once_flag handlers;
     std::call_once(handlers, [] {
@@ -120,14 +120,14 @@ void Tiers::expect_host_chunk(int device, std::size_t size) {
   preparer_->expect(size);
 }
 
-CUresult Tiers::prepare_host(int node, std::size_t size, vmm::Chunk* out) {
+CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out) {
   {
     // Half the room at most: what the program asks for now comes first.
     std::lock_guard lock(mutex_);
     if (size > host_room_locked() / 2) return CUDA_ERROR_OUT_OF_MEMORY;
     host_held_ += size;
   }
-  CUresult status = vmm::Chunk::create(driver_, vmm::Location::host_numa(node), size, out, this);
+  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
   std::lock_guard lock(mutex_);
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;
@@ -152,8 +152,8 @@ Tiers::DeviceInfo& Tiers::info(int device) {
   // Host and peer chunks are made in the host's granularity, at least the device's.
   std::size_t host = 0;
   vmm::granularity(driver_, device, &d.granularity);
-  if (d.topology.host_numa_vmm &&
-      vmm::granularity(driver_, vmm::Location::host_numa(d.topology.host_numa_node), &host) == CUDA_SUCCESS) {
+  vmm::Location where;
+  if (d.topology.host_location(&where) && vmm::granularity(driver_, where, &host) == CUDA_SUCCESS) {
     d.granularity = std::max(d.granularity, host);
   }
   if (!d.granularity) d.granularity = std::size_t{2} << 20;
@@ -251,7 +251,8 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
     }
     // The peer's memory went to someone else meanwhile: the next tier.
   }
-  if (!d.topology.host_numa_vmm) return CUDA_ERROR_OUT_OF_MEMORY;
+  vmm::Location where;
+  if (!d.topology.host_location(&where)) return CUDA_ERROR_OUT_OF_MEMORY;
   expect_host_chunk(device, want);
   if (preparer_ && preparer_->take(want, out)) {
     prepared_ -= out->size();
@@ -268,10 +269,9 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   }
   const std::size_t size = std::min(want, round_down(host_room_locked(), granularity));
   if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  const int node = d.topology.host_numa_node;
   host_held_ += size;
   lock.unlock();
-  CUresult status = vmm::Chunk::create(driver_, vmm::Location::host_numa(node), size, out, this);
+  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
   lock.lock();
   host_held_ -= size;
   if (status != CUDA_SUCCESS) return status;
@@ -360,7 +360,7 @@ void Tiers::add_tier_memory(int device, std::size_t* free, std::size_t* total) {
     const DeviceInfo& p = info(peer.device);
     capacity += std::min(budgets_.peer.of(p.total), p.total - std::min(p.total, budgets_.peer_reserve.of(p.total)));
   }
-  if (d.topology.host_numa_vmm) {
+  if (vmm::Location where; d.topology.host_location(&where)) {
     room += host_room_locked();
     capacity += host_budget_locked();
   }

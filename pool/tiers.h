@@ -109,7 +109,7 @@ class Tiers final : public vmm::ChunkObserver {
   // A chunk of `size` will likely be wanted on `device`'s host node; under mutex_.
   void expect_host_chunk(int device, std::size_t size);
   // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
-  CUresult prepare_host(int node, std::size_t size, vmm::Chunk* out);
+  CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);
 

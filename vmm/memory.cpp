@@ -17,7 +17,12 @@ CUmemAllocationProp pinned_prop(Location where) {
 }  // namespace
 
 CUmemLocation Location::cu() const {
-  return {kind == Kind::device ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA, id};
+  switch (kind) {
+    case Kind::device: return {CU_MEM_LOCATION_TYPE_DEVICE, id};
+    case Kind::host_numa: return {CU_MEM_LOCATION_TYPE_HOST_NUMA, id};
+    case Kind::host: break;
+  }
+  return {CU_MEM_LOCATION_TYPE_HOST, 0};
 }
 
 CUresult granularity(const Driver& driver, Location where, std::size_t* out) {

@@ -41,12 +41,14 @@ class Owned {
 // Where a chunk's physical memory lives: a GPU's memory (the device that uses
 // it, or a peer), or pinned memory of a host NUMA node.
 struct Location {
-  enum class Kind : uint8_t { device, host_numa };
+  enum class Kind : uint8_t { device, host_numa, host };
   Kind kind = Kind::device;
-  int id = 0;  // device ordinal, or host NUMA node
+  int id = 0;  // device ordinal, or host NUMA node (none for host)
 
   static Location device(int ordinal) { return {Kind::device, ordinal}; }
   static Location host_numa(int node) { return {Kind::host_numa, node}; }
+  // Pinned host memory where the system has no NUMA node for the device.
+  static Location host() { return {Kind::host, 0}; }
   CUmemLocation cu() const;
   bool operator==(const Location&) const = default;
 };

@@ -18,6 +18,10 @@ CUresult topology(const Driver& driver, int device, Topology* out) {
                                   device) == CUDA_SUCCESS) {
     out->host_numa_vmm = supported != 0 && node >= 0;
   }
+  if (driver.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) ==
+      CUDA_SUCCESS) {
+    out->host_vmm = supported != 0;
+  }
   for (int peer = 0; peer < count; ++peer) {
     int can = 0;
     if (peer == device || driver.cuDeviceCanAccessPeer(&can, device, peer) != CUDA_SUCCESS || !can) continue;
@@ -38,6 +42,18 @@ CUresult topology(const Driver& driver, int device, Topology* out) {
     return a.performance_rank < b.performance_rank;
   });
   return CUDA_SUCCESS;
+}
+
+bool Topology::host_location(Location* out) const {
+  if (host_numa_vmm) {
+    *out = Location::host_numa(host_numa_node);
+    return true;
+  }
+  if (host_vmm) {
+    *out = Location::host();
+    return true;
+  }
+  return false;
 }
 
 CUresult memory_info(const Driver& driver, CUcontext context, std::size_t* free, std::size_t* total) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "vmm/driver.h"
+#include "vmm/memory.h"
 
 namespace gmem::vmm {
 
@@ -25,7 +26,11 @@ struct Topology {
   int device = -1;
   std::vector<Peer> peers;  // devices whose memory `device` can map, best link first
   int host_numa_node = -1;  // the closest host NUMA node; -1: the system has no NUMA
-  bool host_numa_vmm = false;  // cuMemCreate takes CU_MEM_LOCATION_TYPE_HOST_NUMA
+  bool host_numa_vmm = false;  // cuMemCreate takes CU_MEM_LOCATION_TYPE_HOST_NUMA for that node
+  bool host_vmm = false;       // cuMemCreate takes CU_MEM_LOCATION_TYPE_HOST
+  // Where pinned host chunks for the device go: its NUMA node, else the host
+  // as a whole; nullopt-like `false` when neither is supported.
+  bool host_location(Location* out) const;
 };
 
 // Asks the driver; a device the driver cannot describe gives an empty topology

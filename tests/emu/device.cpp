@@ -62,6 +62,9 @@ EMU_API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, 
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
       *value = 1;
       break;
+    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *value = 1;
+      break;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
       *value = state().numa_nodes > 0;
       break;
