@@ -21,7 +21,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -359,6 +361,50 @@ TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
   for (int i = 0; i < 500 && waitpid(child, &status, WNOHANG) == 0; ++i) usleep(10000);
   ASSERT_TRUE(WIFEXITED(status)) << "the forked child did not exit";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "threads in the forked child";
+}
+
+// Threads allocating, writing, checking and freeing while the device is near
+// full: spills, prepared chunks and their draining race with each other, and
+// every allocation served keeps its data.
+TEST_F(Prepare, ConcurrentSpillsKeepTheirData) {
+  CUdeviceptr base = alloc(40 * mib);
+  fill(base, 40 * mib, 20);
+  std::atomic<int> served{0}, refused{0}, corrupt{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return;
+      const std::size_t sizes[] = {1 * mib, 3 * mib, 6 * mib, 10 * mib, 4096};
+      for (int i = 0; i < 100; ++i) {
+        const std::size_t size = sizes[(i + t) % 5];
+        CUdeviceptr p = 0;
+        if (cuMemAlloc_v2(&p, size) != CUDA_SUCCESS) {
+          ++refused;
+          continue;
+        }
+        ++served;
+        auto in = pattern(size, static_cast<uint32_t>(t * 1000 + i));
+        std::vector<uint32_t> out(in.size());
+        if (cuMemcpyHtoD_v2(p, in.data(), size) != CUDA_SUCCESS ||
+            cuMemcpyDtoH_v2(out.data(), p, size) != CUDA_SUCCESS || out != in) {
+          ++corrupt;
+        }
+        if (cuMemFree_v2(p) != CUDA_SUCCESS) ++corrupt;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupt.load(), 0);
+  EXPECT_GT(served.load(), 300) << refused.load() << " refused";
+  check(base, 40 * mib, 20);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 40 * mib);
+  // The race was run near full: some memory went to the host, or was prepared there.
+  EXPECT_GT(stats.device(0, GMEM_STAT_host_reserved_bytes) + stats.device(0, GMEM_STAT_host_prepared_bytes), 0u);
+  printf("served %d, refused %d; host reserved %llu MiB, prepared %llu MiB\n", served.load(), refused.load(),
+         static_cast<unsigned long long>(stats.device(0, GMEM_STAT_host_reserved_bytes) / mib),
+         static_cast<unsigned long long>(stats.device(0, GMEM_STAT_host_prepared_bytes) / mib));
 }
 
 // device_budget:16M: the device's own memory holds at most 16 MiB of the
