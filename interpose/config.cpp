@@ -1,5 +1,7 @@
 #include "interpose/config.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <iterator>
 #include <string_view>
@@ -43,6 +45,39 @@ bool parse_value(std::string_view text, config_type::percent& out, std::string& 
   if (copy.empty() || *end || !(value >= 0 && value <= 1000)) return false;
   out = value;
   return true;
+}
+
+bool parse_value(std::string_view text, config_type::amount& out, std::string& expected) {
+  expected = "a size in bytes with an optional K, M, G or T suffix (64G), or a percentage (50%)";
+  std::string copy(text);
+  if (copy.empty() || !std::isdigit(static_cast<unsigned char>(copy.front()))) return false;
+  char* end = nullptr;
+  if (copy.back() == '%') {
+    double value = std::strtod(copy.c_str(), &end);
+    if (end != copy.c_str() + copy.size() - 1 || !(value >= 0 && value <= 100)) return false;
+    out = pool::Amount::of_share(value / 100);
+    return true;
+  }
+  errno = 0;
+  unsigned long long value = std::strtoull(copy.c_str(), &end, 10);
+  int shift = 0;
+  switch (*end) {
+    case 'K': case 'k': shift = 10; ++end; break;
+    case 'M': case 'm': shift = 20; ++end; break;
+    case 'G': case 'g': shift = 30; ++end; break;
+    case 'T': case 't': shift = 40; ++end; break;
+    default: break;
+  }
+  if (*end || errno == ERANGE || value > (~0ull >> shift)) return false;
+  out = pool::Amount::of_bytes(value << shift);
+  return true;
+}
+
+bool parse_value(std::string_view text, config_type::mem_info& out, std::string& expected) {
+  expected = "device or tiers";
+  if (text == "device") return out = pool::MemInfo::device, true;
+  if (text == "tiers") return out = pool::MemInfo::tiers, true;
+  return false;
 }
 
 bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gmem/config.h"
+#include "pool/budget.h"
 
 namespace gmem {
 
@@ -15,6 +16,8 @@ using level = spdlog::level::level_enum;
 enum class source { driver, vmm };
 using path = std::string;
 using percent = double;
+using amount = pool::Amount;
+using mem_info = pool::MemInfo;
 }  // namespace config_type
 
 struct Config {

@@ -42,6 +42,17 @@ std::unique_ptr<pool::Publisher> open_stats(const Config& config) {
   return publisher;
 }
 
+pool::Budgets budgets(const Config& config) {
+  pool::Budgets b;
+  b.device = config.device_budget;
+  b.peer = config.peer_budget;
+  b.peer_reserve = config.peer_reserve;
+  b.host = config.host_budget;
+  b.host_prepare = config.host_prepare;
+  b.mem_info = config.mem_info;
+  return b;
+}
+
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm());
@@ -84,7 +95,7 @@ void initialise() {
     if (!rt->config.disable) {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
                                 rt->config.pool == config_type::source::vmm, open_stats(rt->config),
-                                rt->config.pool_headroom / 100);
+                                rt->config.pool_headroom / 100, budgets(rt->config));
     }
   }
   the_runtime = rt;

@@ -45,6 +45,8 @@ struct Allocation {
   uint16_t chunks = 0;       // pooled: physical chunks mapped for it alone
   std::size_t physical = 0;  // pooled: physical bytes set aside for it
   uint32_t placement = UINT32_MAX;  // its entry in the published placement table
+  std::size_t host_bytes = 0;  // pooled: of `size`, bytes in pinned host memory (spilled)
+  std::size_t peer_bytes = 0;  // pooled: of `size`, bytes in a peer GPU's memory (spilled)
 };
 
 struct KindStats {

@@ -68,6 +68,11 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream) {
     a.pooled = true;
     a.physical = block.physical;
     a.chunks = block.chunks;
+    if (tiers_->spilled(a.device)) {
+      const Split spilled = tiers_->split(block.base, block.size);
+      a.host_bytes = spilled.host;
+      a.peer_bytes = spilled.peer;
+    }
     allocations_.insert(a);
   }
   return status;
@@ -181,12 +186,19 @@ CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream defau
   });
 }
 
-// Memory the pool caches counts as free: the program may have it.
+// Memory the pool caches on the device counts as free: the program may have
+// it. Cached memory may be spilled memory, which is not the device's: only
+// what the cache holds beyond all spilled memory is counted, so that the
+// device's free memory is never overstated. With mem_info:tiers, what peers
+// and the host may still hold is added.
 CUresult Pool::get_info(std::size_t* free, std::size_t* total) {
   CUresult status = driver_.cuMemGetInfo_v2(free, total);
   CUdevice device = 0;
-  if (vmm_ && status == CUDA_SUCCESS && free && driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
-    *free += vmm_->cached_bytes(device);
+  if (vmm_ && status == CUDA_SUCCESS && driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
+    const std::size_t cached = vmm_->cached_bytes(device);
+    const Split spilled = tiers_->spilled(device) ? tiers_->held(device) : Split{};
+    if (free && cached > spilled.host + spilled.peer) *free += cached - spilled.host - spilled.peer;
+    if (tiers_->reports_tiers()) tiers_->add_tier_memory(device, free, total);
   }
   return status;
 }
@@ -222,6 +234,13 @@ std::optional<CUresult> Pool::block_attribute(const Block& block, CUpointer_attr
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
       *static_cast<std::size_t*>(data) = block.size;
       return CUDA_SUCCESS;
+    // Device memory to the program, wherever its chunks live: the driver
+    // would describe a spilled chunk as host memory.
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      return CUDA_ERROR_INVALID_VALUE;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
       // Stream-ordered allocations belong to the device's default pool.
       std::optional<Allocation> a = allocations_.find(block.base);
@@ -248,7 +267,9 @@ CUresult Pool::pointer_attributes(unsigned count, CUpointer_attribute* attribute
   for (unsigned i = 0; block && i < count; ++i) {
     if (!data[i]) continue;
     if (block->size) {
-      block_attribute(*block, attributes[i], data[i]);
+      std::optional<CUresult> answered = block_attribute(*block, attributes[i], data[i]);
+      // As the driver does in this call: what has no answer reads as zero.
+      if (answered && *answered != CUDA_SUCCESS) *static_cast<void**>(data[i]) = nullptr;
     } else if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
       *static_cast<unsigned*>(data[i]) = 0;  // freed: no CUDA memory, as to the driver
     }

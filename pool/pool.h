@@ -26,11 +26,13 @@ class Pool {
  public:
   // With `use_vmm`, device memory comes from gmem's VMM pool; with a
   // publisher, the pool's figures are published through it.
+  // The VMM pool spills to peers and the host within `budgets`.
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
-                double headroom = VmmPool::default_headroom)
+                double headroom = VmmPool::default_headroom, Budgets budgets = {})
       : driver_(driver),
         publisher_(std::move(publisher)),
-        vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom) : nullptr),
+        tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
+        vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
         ledger_(publisher_.get()) {}
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);
@@ -76,6 +78,7 @@ class Pool {
   const Registry& allocations() const { return allocations_; }
   Publisher* publisher() const { return publisher_.get(); }
   const VmmPool* vmm() const { return vmm_.get(); }
+  Tiers* tiers() const { return tiers_.get(); }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -95,6 +98,7 @@ class Pool {
 
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
+  const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal

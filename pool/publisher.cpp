@@ -143,7 +143,7 @@ void Publisher::add(int device, gmem_device_stat stat, int64_t delta) {
   if (delta > 0 && stat == GMEM_STAT_in_use_bytes) raise_peak(*slot(device, GMEM_STAT_peak_in_use_bytes), now);
 }
 
-void Publisher::account(int device, Event event, uint64_t size, bool reserved) {
+void Publisher::account(int device, Event event, uint64_t size, bool reserved, uint64_t host, uint64_t peer) {
   uint64_t* s = slot(device, GMEM_STAT_reserved_bytes);
   if (!s) return;
   uint64_t* slots = s - GMEM_STAT_reserved_bytes;
@@ -153,7 +153,10 @@ void Publisher::account(int device, Event event, uint64_t size, bool reserved) {
     return std::atomic_ref<uint64_t>(slots[stat]).fetch_add(uint64_t(delta), std::memory_order_relaxed) + delta;
   };
   add(allocation ? GMEM_STAT_allocations : GMEM_STAT_frees, 1);
-  add(GMEM_STAT_device_bytes, bytes);
+  const int64_t sign = allocation ? 1 : -1;
+  add(GMEM_STAT_device_bytes, sign * int64_t(size - host - peer));
+  if (host) add(GMEM_STAT_host_bytes, sign * int64_t(host));
+  if (peer) add(GMEM_STAT_peer_bytes, sign * int64_t(peer));
   const uint64_t in_use = add(GMEM_STAT_in_use_bytes, bytes);
   if (allocation) raise_peak(slots[GMEM_STAT_peak_in_use_bytes], in_use);
   if (reserved) {
@@ -204,6 +207,8 @@ uint32_t Publisher::place(const gmem_placement& fields) {
   std::atomic_ref<uint8_t>(e.tier).store(fields.tier, std::memory_order_relaxed);
   std::atomic_ref<uint8_t>(e.kind).store(fields.kind, std::memory_order_relaxed);
   std::atomic_ref<uint16_t>(e.chunks).store(fields.chunks, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(e.host_bytes).store(fields.host_bytes, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(e.peer_bytes).store(fields.peer_bytes, std::memory_order_relaxed);
   sequence.store(s + 2, std::memory_order_release);
   return index;
 }

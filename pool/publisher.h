@@ -34,10 +34,10 @@ class Publisher {
   void set(int device, gmem_device_stat stat, uint64_t value);
   void set_uuid(int device, const uint8_t (&uuid)[16]);
   enum class Event : bool { allocation, free };
-  // One allocation or free of `bytes` on the device tier: counts, in-use and
-  // device bytes, and reserved bytes where the driver, not the pool, holds
-  // the memory (`reserved`).
-  void account(int device, Event event, uint64_t bytes, bool reserved);
+  // One allocation or free of `bytes`: counts, in-use bytes, the bytes of each
+  // tier (`host` and `peer` of them spilled, the rest on the device), and
+  // reserved bytes where the driver, not the pool, holds the memory (`reserved`).
+  void account(int device, Event event, uint64_t bytes, bool reserved, uint64_t host = 0, uint64_t peer = 0);
 
   // Lists an allocation; returns its slot, or no_slot when the table is full
   // (counted in placement_dropped). unplace() takes a slot back.

@@ -45,11 +45,13 @@ void Ledger::count_allocation(Allocation& a) {
   raise_peak(peak_bytes_, live_bytes_.fetch_add(a.size, std::memory_order_relaxed) + a.size);
   if (!publisher_) return;
   // What the pool serves is reserved as chunks; what the driver serves, as asked.
-  publisher_->account(a.device, Publisher::Event::allocation, a.size, !a.pooled);
-  // A program's own physical handles have no address to list.
+  publisher_->account(a.device, Publisher::Event::allocation, a.size, !a.pooled, a.host_bytes, a.peer_bytes);
+  // A program's own physical handles have no address to list. An allocation's
+  // tier is its slowest part's.
   if (a.kind != Kind::physical) {
-    a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, GMEM_TIER_DEVICE,
-                                     static_cast<uint8_t>(a.kind), a.chunks, {}});
+    const uint8_t tier = a.host_bytes ? GMEM_TIER_HOST : a.peer_bytes ? GMEM_TIER_PEER : GMEM_TIER_DEVICE;
+    a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, tier,
+                                     static_cast<uint8_t>(a.kind), a.chunks, a.host_bytes, a.peer_bytes});
   }
 }
 
@@ -59,7 +61,7 @@ void Ledger::count_free(const Allocation& a) {
   c.live_bytes.fetch_sub(a.size, std::memory_order_relaxed);
   live_bytes_.fetch_sub(a.size, std::memory_order_relaxed);
   if (!publisher_) return;
-  publisher_->account(a.device, Publisher::Event::free, a.size, !a.pooled);
+  publisher_->account(a.device, Publisher::Event::free, a.size, !a.pooled, a.host_bytes, a.peer_bytes);
   publisher_->unplace(a.placement);
 }
 

@@ -133,13 +133,22 @@ void VmmPool::complete_pending_frees() {
   for_each_pending([&](Pending& p) { ready(p, 0); });
 }
 
-CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out) {
+CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out, bool spill) {
   Device& d = devices_[device];
   vmm::Chunk memory;
   {
     Timer timer(d.work.driver_ns);
-    if (CUresult status = vmm::Chunk::create(driver_, device, size, &memory)) return status;
+    // Past its budget the device may not grow; a spill is made by the tiers
+    // (the device's last room, a peer, the host).
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    if (spill) {
+      status = tiers_->make(device, d.figures.reserved, size, &memory);
+    } else if (!tiers_ || tiers_->device_may_hold(device, d.figures.reserved, size)) {
+      status = vmm::Chunk::create(driver_, device, size, &memory);
+    }
+    if (status != CUDA_SUCCESS) return status;
   }
+  size = memory.size();  // a spilled chunk may be smaller than asked
   ++d.work.chunks_made;
   d.figures.reserved += size;
   d.figures.reserved_high = std::max(d.figures.reserved_high, d.figures.reserved);
@@ -356,6 +365,13 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
       take_free(device, size, 0, false, SIZE_MAX, &parts, &covered);
       status = covered < size ? new_piece(device, size - covered, &fresh) : CUDA_SUCCESS;
     }
+    // What the device cannot hold, peers and then the host may, a chunk per tier.
+    while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ && new_piece(device, size - covered, &fresh, true) == 0) {
+      covered += fresh->memory.size();
+      parts.push_back(fresh);
+      fresh = nullptr;
+      if (covered >= size) status = CUDA_SUCCESS;
+    }
     if (status != CUDA_SUCCESS) {
       give_back();
       return status;
@@ -363,12 +379,12 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     if (fresh) parts.push_back(fresh);
   }
   if (parts.size() > most_parts) {
-    // Too many mappings for one range: the smallest parts that nothing may
-    // use any more are made again as one chunk.
+    // Too many mappings for one range: the smallest parts on the device that
+    // nothing may use any more are made again as one chunk.
     std::sort(parts.begin(), parts.end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
     std::vector<Piece*> merged;
     for (auto it = parts.begin(); it != parts.end() && parts.size() + !merged.empty() > most_parts;) {
-      if (droppable(**it, false)) {
+      if ((*it)->memory.location() == vmm::Location::device(device) && droppable(**it, false)) {
         merged.push_back(*it);
         it = parts.erase(it);
       } else {
@@ -402,8 +418,13 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   std::lock_guard lock(mutex_);
   quiet_ = quiet;
   Device& d = device_state(device);
-  // More than the device holds (this also keeps the rounding below from wrapping).
-  if (size > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
+  // More than the device and the tiers' room hold (this also keeps the
+  // rounding below from wrapping).
+  if (size > d.total) {
+    std::size_t room = 0;
+    if (tiers_) tiers_->add_tier_memory(device, &room, nullptr);
+    if (size - d.total > room) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   Range* range = nullptr;
   std::size_t index = 0;
   CUresult status;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "pool/publisher.h"
+#include "pool/tiers.h"
 #include "vmm/memory.h"
 
 namespace gmem::pool {
@@ -57,8 +58,10 @@ class VmmPool {
  public:
   // `headroom`: how much more than its peak use, as a fraction of it, the pool
   // may hold rather than make a chunk far too big for a request again.
-  VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom)
-      : driver_(driver), publisher_(publisher), headroom_(headroom) {}
+  // `tiers` (optional) holds what the device cannot, or by its budget may not.
+  VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom,
+          Tiers* tiers = nullptr)
+      : driver_(driver), publisher_(publisher), headroom_(headroom), tiers_(tiers) {}
   static constexpr double default_headroom = 1.0 / 64;
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
@@ -184,7 +187,9 @@ class VmmPool {
   // at the size needed unless `may_grow` (new memory may then serve instead).
   void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
                  std::vector<Piece*>* parts, std::size_t* covered);
-  CUresult new_piece(int device, std::size_t size, Piece** out);
+  // A new chunk of `size` bytes on `device`; with `spill`, one the tiers make
+  // (a peer's or the host's, at most `size` bytes).
+  CUresult new_piece(int device, std::size_t size, Piece** out, bool spill = false);
   CUresult map_range(std::vector<Piece*> pieces, int device, Range** out);
   void hold(Piece& piece, Range* holder);
   void set_free(Device& d, Piece& piece);
@@ -239,6 +244,7 @@ class VmmPool {
   // What the pool may hold beyond its peak use, as a fraction of it, rather
   // than make a chunk far too big for a request again at the right size.
   const double headroom_;
+  Tiers* const tiers_;
   mutable std::mutex mutex_;
   bool quiet_ = false;  // the current call's, under mutex_
   uint64_t clock_ = 0;  // counts whole ranges handed out

@@ -212,9 +212,22 @@ stats_plane() {
   echo "job exit status: $rc"
   return "$rc"
 }
+# SPILL CONF EXPECT FILL_MIB BLOCK_MIB SPAN_MIB: one allocation past a small
+# device budget (tests/e2e/spill.c); the real driver's placement of it must
+# read EXPECT, gmem must answer device memory for all of it.
+spill_check() {
+  local spill=$1 conf=$2 expect=$3 log rc
+  shift 3
+  log=$(env LD_PRELOAD="$shim" GMEM_REAL_LIBCUDA="$real" GMEM_CONF="$conf" "$spill" "$@" 2>&1)
+  rc=$?
+  echo "$log"
+  [ "$rc" -eq 0 ] || return "$rc"
+  grep -qF "spill: the driver places the $expect" <<<"$log" || { echo "expected: $expect"; return 1; }
+}
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
-export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver
+export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver \
+  spill_check
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
@@ -237,7 +250,7 @@ conformance=$carry/conformance
 step conformance-real 120 "$conformance"
 step conformance-shim 120 "${preload[@]}" "$conformance"
 step conformance-shim-disabled 120 "${preload[@]}" GMEM_CONF=disable:1 "$conformance"
-step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm "$conformance"
+step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$conformance"
 # The suite provokes API errors on purpose; memory errors are what count here.
 sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
 step sanitizer-real 180 "${sanitizer[@]}" "$conformance"
@@ -248,7 +261,24 @@ step lazy 30 "${preload[@]}" "$carry/lazy-probe"
 step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
 step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
 step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
-step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
+# stitch fills the device until it is out of memory: no spill tiers there.
+step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$carry/stitch"
+
+# Spill tiers: 768 MiB filled within a 1 GiB device budget, then 1 GiB more:
+# 256 MiB stay on the device, the rest goes to pinned host memory (H100), or
+# 512 MiB to the NVLinked peer first (two H200s). Prints the copy-engine
+# bandwidth from the host-spilled part next to raw host-NUMA VMM memory.
+step spill-host 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:0 \
+  "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024
+if [ "$gpus" -ge 2 ]; then
+  step spill-peer 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:512M,host_budget:4G,host_prepare:0 \
+    "1024 MiB allocation on device 256 MiB, peer 512 MiB, host 256 MiB" 768 256 1024
+elif selected spill-peer; then
+  record spill-peer "spill_check .carry/spill" "SKIPPED (needs 2 GPUs, found $gpus)"
+fi
+# The same with the host preparer on (pins ahead once the device is near full).
+step spill-prepared 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:1G \
+  "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix

@@ -10,6 +10,7 @@ namespace gmem::vmm {
 // X(member, function whose prototype it has)
 #define GMEM_DRIVER_TABLE(X)                                    \
   X(cuCtxGetCurrent, cuCtxGetCurrent)                           \
+  X(cuCtxSetCurrent, cuCtxSetCurrent)                           \
   X(cuCtxGetDevice, cuCtxGetDevice)                             \
   X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)     \
   X(cuGetErrorName, cuGetErrorName)                             \
@@ -48,7 +49,14 @@ namespace gmem::vmm {
   X(cuDeviceGetUuid_v2, cuDeviceGetUuid_v2)                     \
   X(cuMemPoolGetAttribute, cuMemPoolGetAttribute)               \
   X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
-  X(cuMemPoolTrimTo, cuMemPoolTrimTo)
+  X(cuMemPoolTrimTo, cuMemPoolTrimTo)                           \
+  X(cuDeviceGetCount, cuDeviceGetCount)                         \
+  X(cuDeviceGetAttribute, cuDeviceGetAttribute)                 \
+  X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer)               \
+  X(cuDeviceGetP2PAttribute, cuDeviceGetP2PAttribute)           \
+  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)         \
+  X(cuCtxPushCurrent_v2, cuCtxPushCurrent_v2)                   \
+  X(cuCtxPopCurrent_v2, cuCtxPopCurrent_v2)
 
 struct Driver {
 #define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;

@@ -1,35 +1,61 @@
 #include "vmm/memory.h"
 
+#include <algorithm>
+
 namespace gmem::vmm {
 
 namespace {
 
-CUmemAllocationProp device_prop(int device) {
+CUmemAllocationProp pinned_prop(Location where) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+  prop.location = where.cu();
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
 
 }  // namespace
 
-CUresult granularity(const Driver& driver, int device, std::size_t* out) {
-  CUmemAllocationProp prop = device_prop(device);
+CUmemLocation Location::cu() const {
+  switch (kind) {
+    case Kind::device: return {CU_MEM_LOCATION_TYPE_DEVICE, id};
+    case Kind::host_numa: return {CU_MEM_LOCATION_TYPE_HOST_NUMA, id};
+    case Kind::host: break;
+  }
+  return {CU_MEM_LOCATION_TYPE_HOST, 0};
+}
+
+CUresult granularity(const Driver& driver, Location where, std::size_t* out) {
+  CUmemAllocationProp prop = pinned_prop(where);
   return driver.cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 }
 
-CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk* out) {
-  CUmemAllocationProp prop = device_prop(device);
+CUresult granularity(const Driver& driver, int device, std::size_t* out) {
+  return granularity(driver, Location::device(device), out);
+}
+
+CUresult Chunk::create(const Driver& driver, Location where, std::size_t size, Chunk* out, ChunkObserver* observer) {
+  CUmemAllocationProp prop = pinned_prop(where);
   CUmemGenericAllocationHandle handle = 0;
   CUresult status = driver.cuMemCreate(&handle, size, &prop, 0);
-  if (status == CUDA_SUCCESS) *out = Chunk(driver, handle, size);
+  if (status == CUDA_SUCCESS) {
+    *out = Chunk(driver, handle, size);
+    out->location_ = where;
+    out->observer_ = observer;
+  }
   return status;
 }
 
+CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk* out) {
+  return create(driver, Location::device(device), size, out);
+}
+
 // A mapped chunk lives on until unmapped: releasing the handle is safe at once.
+// The observer hears first, while the handle cannot name another chunk yet.
 Chunk::~Chunk() {
-  if (driver_) driver_->cuMemRelease(id_);
+  if (!driver_) return;
+  if (observer_) observer_->released(*this);
+  driver_->cuMemRelease(id_);
 }
 
 CUresult Reservation::reserve(const Driver& driver, std::size_t size, Reservation* out) {
@@ -43,17 +69,32 @@ Reservation::~Reservation() {
   if (driver_) driver_->cuMemAddressFree(id_, size_);
 }
 
-CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device) const {
+CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device) {
   CUresult status = driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0);
   if (status != CUDA_SUCCESS) return status;
   CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   status = driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1);
-  if (status != CUDA_SUCCESS) driver_->cuMemUnmap(id_ + offset, chunk.size());
+  if (status != CUDA_SUCCESS) {
+    driver_->cuMemUnmap(id_ + offset, chunk.size());
+    return status;
+  }
+  if (ChunkObserver* observer = chunk.observer()) {
+    observed_.push_back({offset, chunk.handle(), observer});
+    observer->mapped(chunk, id_ + offset);
+  }
   return status;
 }
 
-CUresult Reservation::unmap(std::size_t offset, std::size_t size) const {
-  return driver_->cuMemUnmap(id_ + offset, size);
+CUresult Reservation::unmap(std::size_t offset, std::size_t size) {
+  CUresult status = driver_->cuMemUnmap(id_ + offset, size);
+  if (status == CUDA_SUCCESS) {
+    std::erase_if(observed_, [&](const Observed& o) {
+      if (o.offset < offset || o.offset >= offset + size) return false;
+      o.observer->unmapped(o.handle, id_ + o.offset);
+      return true;
+    });
+  }
+  return status;
 }
 
 }  // namespace gmem::vmm

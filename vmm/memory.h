@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "vmm/driver.h"
 
@@ -37,42 +38,99 @@ class Owned {
   std::size_t size_ = 0;
 };
 
-// Physical memory made with cuMemCreate on a device, exportable as a POSIX fd.
+// Where a chunk's physical memory lives: a GPU's memory (the device that uses
+// it, or a peer), or pinned memory of a host NUMA node.
+struct Location {
+  enum class Kind : uint8_t { device, host_numa, host };
+  Kind kind = Kind::device;
+  int id = 0;  // device ordinal, or host NUMA node (none for host)
+
+  static Location device(int ordinal) { return {Kind::device, ordinal}; }
+  static Location host_numa(int node) { return {Kind::host_numa, node}; }
+  // Pinned host memory where the system has no NUMA node for the device.
+  static Location host() { return {Kind::host, 0}; }
+  CUmemLocation cu() const;
+  bool operator==(const Location&) const = default;
+};
+
+class Chunk;
+
+// Told what becomes of the chunks made with it: where they are mapped, and when
+// they go back to the driver (the tiers keep their budgets and placement so).
+// Called with no lock of vmm/ held; must not throw.
+class ChunkObserver {
+ public:
+  virtual void mapped(const Chunk& chunk, CUdeviceptr at) = 0;
+  virtual void unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) = 0;
+  virtual void released(const Chunk& chunk) = 0;
+
+ protected:
+  ~ChunkObserver() = default;
+};
+
+// Physical memory made with cuMemCreate at a location, exportable as a POSIX fd.
 class Chunk : public Owned {
  public:
   Chunk() = default;
-  Chunk(Chunk&&) noexcept = default;
-  Chunk& operator=(Chunk&&) noexcept = default;
+  Chunk(Chunk&& other) noexcept { *this = std::move(other); }
+  Chunk& operator=(Chunk&& other) noexcept {
+    Owned::operator=(std::move(other));
+    std::swap(location_, other.location_);
+    std::swap(observer_, other.observer_);
+    return *this;
+  }
   ~Chunk();
+  // On `device`'s own memory.
   static CUresult create(const Driver& driver, int device, std::size_t size, Chunk* out);
+  // At `where`; `observer` (optional) hears of its mappings and its release.
+  static CUresult create(const Driver& driver, Location where, std::size_t size, Chunk* out,
+                         ChunkObserver* observer = nullptr);
 
   CUmemGenericAllocationHandle handle() const { return id_; }
+  Location location() const { return location_; }
+  ChunkObserver* observer() const { return observer_; }
 
  private:
   using Owned::Owned;
+  Location location_;
+  ChunkObserver* observer_ = nullptr;
 };
 
 // A reserved virtual address range; chunks are mapped into it back to back.
 class Reservation : public Owned {
  public:
   Reservation() = default;
-  Reservation(Reservation&&) noexcept = default;
-  Reservation& operator=(Reservation&&) noexcept = default;
+  Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+  Reservation& operator=(Reservation&& other) noexcept {
+    Owned::operator=(std::move(other));
+    std::swap(observed_, other.observed_);
+    return *this;
+  }
   ~Reservation();
   static CUresult reserve(const Driver& driver, std::size_t size, Reservation* out);
 
   CUdeviceptr base() const { return id_; }
 
-  // Maps `chunk` at `offset` and gives `device` read-write access to it.
-  CUresult map(std::size_t offset, const Chunk& chunk, int device) const;
+  // Maps `chunk` at `offset` and gives `device` read-write access to it,
+  // wherever the chunk lives (a peer's memory or the host's: the device that
+  // uses it needs the access, not the owner).
+  CUresult map(std::size_t offset, const Chunk& chunk, int device);
   // Unmaps everything mapped in [offset, offset + size).
-  CUresult unmap(std::size_t offset, std::size_t size) const;
+  CUresult unmap(std::size_t offset, std::size_t size);
 
  private:
   using Owned::Owned;
+  // Mapped chunks that have an observer, to tell it of their unmapping.
+  struct Observed {
+    std::size_t offset;
+    CUmemGenericAllocationHandle handle;
+    ChunkObserver* observer;
+  };
+  std::vector<Observed> observed_;
 };
 
-// The device's allocation granularity for pinned device memory.
+// The allocation granularity for pinned memory on the device (or at `where`).
 CUresult granularity(const Driver& driver, int device, std::size_t* out);
+CUresult granularity(const Driver& driver, Location where, std::size_t* out);
 
 }  // namespace gmem::vmm

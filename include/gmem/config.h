@@ -4,7 +4,8 @@
 
 // X(name, type, default, doc). Types: flag (0/1), level (a log level),
 // source (driver or vmm), percent (a number from 0 to 1000), path (an
-// absolute directory).
+// absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
+// percentage of a capacity: 50%), mem_info (device or tiers).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -17,6 +18,29 @@
   X(pool_headroom, percent, "1.5",                                                   \
     "pool:vmm grows while it holds at most this percentage more than its peak use; "  \
     "beyond, it restitches cached memory (more: faster, less: less memory)")          \
+  X(device_budget, amount, "100%",                                                   \
+    "pool:vmm holds at most this much of each device's own memory (a size such as "   \
+    "60G, or a share of the device's memory); what does not fit spills to a peer "    \
+    "GPU, then to pinned host memory")                                                \
+  X(peer_budget, amount, "100%",                                                     \
+    "the most pool:vmm spills to each peer GPU the device can reach (P2P, NVLink "    \
+    "first), as a size or a share of the peer's memory; 0: no peer tier")            \
+  X(peer_reserve, amount, "10%",                                                     \
+    "memory always left free on a peer GPU for its own jobs (a size, or a share of " \
+    "the peer's memory)")                                                            \
+  X(host_budget, amount, "50%",                                                      \
+    "the most pinned host memory pool:vmm spills to, on the GPU's NUMA node (a size, " \
+    "or a share of the host's available memory when first needed; pinned memory "    \
+    "cannot be swapped, so half stays for the job's own host memory); 0: no host "   \
+    "tier")                                                                           \
+  X(host_prepare, amount, "1G",                                                      \
+    "pinned host memory a background thread prepares ahead of need, in the sizes "   \
+    "the pool recently made, once a device is near full (a size, or a share of "      \
+    "host_budget); 0: no thread")                                                     \
+  X(mem_info, mem_info, "device",                                                    \
+    "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
+    "truthfully) or tiers (plus what peers and the host may still hold, for "        \
+    "frameworks that size themselves from it)")                                      \
   X(stats, flag, "1",                                                                \
     "1: publish live figures (include/gmem/stats.h) for gmemd and gmemctl in a "      \
     "file in stats_dir, removed at exit")                                             \

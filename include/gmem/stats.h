@@ -32,8 +32,8 @@
 /* Per-device figures, X(name, doc), each one uint64_t, in this order.
  * Fragmentation = 1 - in_use_bytes / reserved_bytes. */
 #define GMEM_DEVICE_STATS(X)                                                                      \
-  X(reserved_bytes, "physical memory held on this device: gmem's chunks, plus memory left to the " \
-                    "driver (pool:driver) as the program requested it")                           \
+  X(reserved_bytes, "physical memory held for this device: gmem's chunks (spilled ones too), plus " \
+                    "memory left to the driver (pool:driver) as the program requested it")        \
   X(in_use_bytes, "bytes of live allocations, as the program requested them")                     \
   X(cached_free_bytes, "held but not in use: reusable without asking the driver")                 \
   X(largest_free_bytes, "the largest free range reusable as it is, without stitching")            \
@@ -48,7 +48,11 @@
   X(oom_releases, "times the driver was out of memory and the pool released cached memory")       \
   X(device_bytes, "live bytes placed in this device's memory")                                    \
   X(host_bytes, "live bytes of this device's allocations spilled to pinned host memory")          \
-  X(peer_bytes, "live bytes of this device's allocations spilled to a peer GPU's memory")
+  X(peer_bytes, "live bytes of this device's allocations spilled to a peer GPU's memory")         \
+  X(host_reserved_bytes, "pinned host memory held for this device (part of reserved_bytes)")     \
+  X(peer_reserved_bytes, "peer GPU memory held for this device (part of reserved_bytes)")         \
+  X(host_prepared_bytes, "pinned host memory prepared ahead of need, not yet used (on the device " \
+                         "whose near-full started the preparer)")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };
@@ -85,7 +89,8 @@ struct gmem_placement {
   uint8_t tier;      /* enum gmem_tier */
   uint8_t kind;      /* enum gmem_kind */
   uint16_t chunks;   /* physical chunks mapped for it; > 1: stitched */
-  uint64_t reserved[2];
+  uint64_t host_bytes; /* of `size`, bytes in pinned host memory (tier: the slowest part's) */
+  uint64_t peer_bytes; /* of `size`, bytes in a peer GPU's memory */
 };
 
 struct gmem_stats_header {

@@ -697,6 +697,102 @@ TEST_F(Vmm, MappingsDescribeThemselves) {
   for (auto handle : h) EXPECT_EQ(cuMemRelease(handle), CUDA_SUCCESS);
 }
 
+// The links between devices as the driver reports them; gmem's spill tiers
+// pick peers from these answers.
+TEST_F(Driver, PeerAccessAndHostNumaAttributes) {
+  int count = 0;
+  ASSERT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+  int can = -1, value = -1;
+  EXPECT_EQ(cuDeviceCanAccessPeer(&can, dev_, dev_), CUDA_SUCCESS);
+  EXPECT_EQ(can, 0);  // a device is not its own peer
+  EXPECT_EQ(cuDeviceCanAccessPeer(&can, dev_, count), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(cuDeviceGetP2PAttribute(&value, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, dev_, dev_),
+            CUDA_ERROR_INVALID_DEVICE);
+  for (int peer = 0; peer < count; ++peer) {
+    if (peer == dev_) continue;
+    ASSERT_EQ(cuDeviceCanAccessPeer(&can, dev_, peer), CUDA_SUCCESS);
+    ASSERT_EQ(cuDeviceGetP2PAttribute(&value, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, dev_, peer), CUDA_SUCCESS);
+    EXPECT_EQ(value, can) << "peer " << peer;
+    EXPECT_EQ(cuDeviceGetP2PAttribute(nullptr, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, dev_, peer),
+              CUDA_ERROR_INVALID_VALUE);
+    int rank = -1;
+    EXPECT_EQ(cuDeviceGetP2PAttribute(&rank, CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, dev_, peer), CUDA_SUCCESS);
+    EXPECT_GE(rank, 0);
+    printf("peer %d of device %d: access %d, performance rank %d\n", peer, dev_, can, rank);
+  }
+  int node = -2;
+  ASSERT_EQ(cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev_), CUDA_SUCCESS);
+  EXPECT_GE(node, -1);  // -1: no NUMA
+  printf("host NUMA node of device %d: %d\n", dev_, node);
+}
+
+// Host-NUMA memory and device memory side by side in one reserved range: the
+// device reads and writes across the boundary (DESIGN.md, measured on driver
+// 580), and the driver calls the host part host memory.
+TEST_F(Vmm, HostNumaChunkBesideADeviceChunk) {
+  int supported = 0, node = -1;
+  ASSERT_EQ(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev_),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev_), CUDA_SUCCESS);
+  if (!supported || node < 0) GTEST_SKIP() << "no host-NUMA VMM on this system";
+  CUmemAllocationProp host = prop_;
+  host.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, node};
+  std::size_t host_granularity = 0;
+  ASSERT_EQ(cuMemGetAllocationGranularity(&host_granularity, &host, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+  ASSERT_EQ(host_granularity, granularity_);
+  CUmemGenericAllocationHandle h[2] = {};
+  ASSERT_EQ(cuMemCreate(&h[0], granularity_, &prop_, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemCreate(&h[1], granularity_, &host, 0), CUDA_SUCCESS);
+  CUmemAllocationProp seen{};
+  ASSERT_EQ(cuMemGetAllocationPropertiesFromHandle(&seen, h[1]), CUDA_SUCCESS);
+  EXPECT_EQ(seen.location.type, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+  EXPECT_EQ(seen.location.id, node);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, 2 * granularity_, 0, 0, 0), CUDA_SUCCESS);
+  map(va, h[0], granularity_);
+  map(va + granularity_, h[1], granularity_);  // access for the device, not the host
+  auto in = pattern(granularity_ / 4, 31);
+  std::vector<uint32_t> out(in.size());
+  ASSERT_EQ(cuMemcpyHtoD_v2(va + granularity_ / 2, in.data(), granularity_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), va + granularity_ / 2, granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(in, out);
+  unsigned type = 0;
+  ASSERT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + granularity_ + 8), CUDA_SUCCESS);
+  EXPECT_EQ(type, CU_MEMORYTYPE_HOST);
+  EXPECT_EQ(cuMemUnmap(va, 2 * granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAddressFree(va, 2 * granularity_), CUDA_SUCCESS);
+  for (auto handle : h) EXPECT_EQ(cuMemRelease(handle), CUDA_SUCCESS);
+}
+
+// A peer's memory mapped for this device: copies in this device's context
+// reach it (cuMemSetAccess grants the access; no cuCtxEnablePeerAccess).
+TEST_F(Vmm, PeerChunkMappedForThisDevice) {
+  int count = 0, can = 0;
+  ASSERT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+  CUdevice peer = dev_ + 1;
+  if (peer >= count || cuDeviceCanAccessPeer(&can, dev_, peer) != CUDA_SUCCESS || !can) {
+    GTEST_SKIP() << "no peer device with P2P access";
+  }
+  CUmemAllocationProp on_peer = prop_;
+  on_peer.location = {CU_MEM_LOCATION_TYPE_DEVICE, peer};
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(cuMemCreate(&h, granularity_, &on_peer, 0), CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, granularity_, 0, 0, 0), CUDA_SUCCESS);
+  map(va, h, granularity_);  // access for dev_ only
+  auto in = pattern(granularity_ / 4, 41);
+  std::vector<uint32_t> out(in.size());
+  ASSERT_EQ(cuMemcpyHtoD_v2(va, in.data(), granularity_), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), va, granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(in, out);
+  int ordinal = -1;
+  ASSERT_EQ(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va), CUDA_SUCCESS);
+  printf("device ordinal the driver reports for a peer chunk: %d (peer %d)\n", ordinal, peer);
+  EXPECT_EQ(cuMemUnmap(va, granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAddressFree(va, granularity_), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemRelease(h), CUDA_SUCCESS);
+}
+
 // One file descriptor over a unix socket (SCM_RIGHTS), with one byte of data.
 struct FdMessage {
   char byte = 0;

@@ -9,14 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                  \
-  do {                                                               \
-    CUresult s_ = (call);                                            \
-    if (s_ != CUDA_SUCCESS) {                                        \
-      fprintf(stderr, "stitch: %s failed: %d\n", #call, s_);         \
-      return 1;                                                      \
-    }                                                                \
-  } while (0)
+#define PROGRAM "stitch"
+#include "check.h"
 
 enum { max_blocks = 4096 };
 

@@ -127,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, stats, stats_dir, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {
@@ -187,7 +187,8 @@ INSTANTIATE_TEST_SUITE_P(E2E, Stress, testing::Values("report:1", "report:1,pool
                          [](const auto& info) { return std::string(info.index ? "vmm_pool" : "driver"); });
 
 TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {
-  Env env = with(preload, "pool:vmm,report:1");
+  // No spill tiers: the program fills the device until it is out of memory.
+  Env env = with(preload, "pool:vmm,report:1,peer_budget:0,host_budget:0");
   env["GMEM_EMU_DEVICE_MEMORY"] = "256M";
   Result r = run({GMEM_STITCH}, env);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
@@ -195,6 +196,21 @@ TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {
   EXPECT_NE(r.out.find("stitch ok"), std::string::npos);
   // The pool's own chunks are not the program's: only its cuMemAlloc calls count.
   EXPECT_NE(r.err.find("gmem: report device   allocs=33 frees=33 "), std::string::npos) << r.err;
+}
+
+// Two devices (64 and 32 MiB): 40 MiB filled within a 48 MiB device budget,
+// then 40 MiB more spill: 8 on the device, 16 on the peer (its budget), 16 on the host.
+TEST(VmmPool, SpillsToThePeerAndTheHostPastTheDeviceBudget) {
+  Env env = with(preload, "pool:vmm,report:1,device_budget:48M,peer_budget:16M,host_budget:32M,host_prepare:0");
+  env["GMEM_EMU_DEVICES"] = "2";
+  env["GMEM_EMU_DEVICE_MEMORY"] = "64M,32M";
+  Result r = run({GMEM_SPILL, "40", "8", "40"}, env);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("spill: the driver places the 40 MiB allocation on device 8 MiB, peer 16 MiB, host 16 MiB"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("BENCH spill_host_copy_16MiB_native "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("spill ok"), std::string::npos);
+  EXPECT_NE(r.err.find("gmem: report device   allocs=6 frees=6 "), std::string::npos) << r.err;
 }
 
 TEST(Exports, ExactlyTheToolkitsDriverFunctions) {

@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "emu.h"
 
@@ -44,11 +46,10 @@ CUresult context_check(const char* caller) {
 namespace {
 
 // A size with an optional K/M/G suffix; a bad value warns and keeps the default.
-std::size_t parse_size(const char* name, std::size_t fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
+std::size_t parse_size(const char* name, const std::string& text, std::size_t fallback) {
+  if (text.empty()) return fallback;
   char* end = nullptr;
-  unsigned long long value = std::strtoull(text, &end, 10);
+  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
   int shift = 0;
   switch (*end) {
     case 'G': case 'g': shift = 30; ++end; break;
@@ -56,11 +57,32 @@ std::size_t parse_size(const char* name, std::size_t fallback) {
     case 'K': case 'k': shift = 10; ++end; break;
     default: break;
   }
-  if (end == text || *end || value == 0) {
-    std::fprintf(stderr, "gmem-emu: %s=%s is not a size (bytes, K/M/G suffix); using %zu\n", name, text, fallback);
+  if (end == text.c_str() || *end || value == 0) {
+    std::fprintf(stderr, "gmem-emu: %s=%s is not a size (bytes, K/M/G suffix); using %zu\n", name, text.c_str(),
+                 fallback);
     return fallback;
   }
   return static_cast<std::size_t>(value) << shift;
+}
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+// GMEM_EMU_DEVICE_MEMORY: one size for every device, or a comma-separated
+// size per device (the last one repeats).
+std::vector<std::size_t> device_memory(std::size_t devices) {
+  std::vector<std::size_t> sizes;
+  std::string list = env("GMEM_EMU_DEVICE_MEMORY");
+  for (std::size_t start = 0; start <= list.size() && !list.empty();) {
+    std::size_t comma = std::min(list.find(',', start), list.size());
+    sizes.push_back(parse_size("GMEM_EMU_DEVICE_MEMORY", list.substr(start, comma - start), std::size_t{4} << 30));
+    start = comma + 1;
+  }
+  if (sizes.empty()) sizes.push_back(std::size_t{4} << 30);
+  sizes.resize(std::max(devices, sizes.size()), sizes.back());
+  return sizes;
 }
 
 }  // namespace
@@ -77,13 +99,17 @@ EMU_API CUresult cuInit(unsigned int flags) {
   const char* count = std::getenv("GMEM_EMU_DEVICES");
   int devices = count && *count ? std::atoi(count) : 1;
   if (devices <= 0) return CUDA_ERROR_NO_DEVICE;
-  std::size_t memory = parse_size("GMEM_EMU_DEVICE_MEMORY", std::size_t{4} << 30);
+  const std::vector<std::size_t> memory = device_memory(static_cast<std::size_t>(devices));
   const char* hold = std::getenv("GMEM_EMU_HOLD_EVENTS");
   s.hold_events = hold && std::strcmp(hold, "1") == 0;
+  s.peer_access = env("GMEM_EMU_P2P") != "0";
+  const std::string nodes = env("GMEM_EMU_NUMA_NODES");
+  s.numa_nodes = nodes.empty() ? 1 : std::atoi(nodes.c_str());
+  s.host_total = parse_size("GMEM_EMU_HOST_MEMORY", env("GMEM_EMU_HOST_MEMORY"), SIZE_MAX);
   s.devices.resize(static_cast<std::size_t>(devices));
   for (std::size_t i = 0; i < s.devices.size(); ++i) {
     Device& d = s.devices[i];
-    d.total = memory;
+    d.total = memory[i];
     d.primary.device = d.pool.device = static_cast<int>(i);
     d.current_pool = &d.pool;
   }

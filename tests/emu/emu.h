@@ -58,7 +58,7 @@ struct Physical {
   std::size_t size = 0;
   CUmemLocation location{};
   CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE;
-  bool charged = false;  // counts against its device's memory
+  bool charged = false;  // counts against its location: a device, or pinned host memory
   int references = 1;    // the handle, plus one per mapping and retain
 };
 
@@ -107,6 +107,16 @@ struct State {
   // were busy) until its stream, the context or the event is synchronized.
   bool hold_events = false;
   uint64_t events_recorded = 0;
+  // GMEM_EMU_P2P=0: no device can map another's memory (default: every pair
+  // can, with native atomics, as over NVLink).
+  bool peer_access = true;
+  // GMEM_EMU_NUMA_NODES (default 1; 0: the system has no NUMA): device i is
+  // closest to node i % nodes.
+  int numa_nodes = 1;
+  // Pinned host memory (CU_MEM_LOCATION_TYPE_HOST/HOST_NUMA chunks):
+  // GMEM_EMU_HOST_MEMORY (default: no limit); beyond it cuMemCreate is out of memory.
+  std::size_t host_total = SIZE_MAX;
+  std::size_t host_used = 0;
   CUmemGenericAllocationHandle next_handle = 0x1000;
   unsigned long long next_buffer_id = 1;
 };

@@ -19,15 +19,33 @@ namespace {
 
 bool valid_location(const CUmemLocation& l) {
   if (l.type == CU_MEM_LOCATION_TYPE_DEVICE) return l.id >= 0 && static_cast<std::size_t>(l.id) < state().devices.size();
-  return l.type == CU_MEM_LOCATION_TYPE_HOST || l.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  if (l.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) return l.id >= 0 && l.id < state().numa_nodes;
+  return l.type == CU_MEM_LOCATION_TYPE_HOST;
 }
 
 bool on_device(const CUmemLocation& l) { return l.type == CU_MEM_LOCATION_TYPE_DEVICE; }
 
+// Physical memory counts against its device's memory, or the host's pinned memory.
+bool charge_location(const CUmemLocation& l, std::size_t bytes) {
+  if (on_device(l)) return charge(l.id, bytes);
+  State& s = state();
+  if (bytes > s.host_total - s.host_used) return false;
+  s.host_used += bytes;
+  return true;
+}
+
+void refund_location(const CUmemLocation& l, std::size_t bytes) {
+  if (on_device(l)) {
+    refund(l.id, bytes);
+  } else {
+    state().host_used -= bytes;
+  }
+}
+
 // Drops one reference to a physical allocation; the last one frees it.
 void unreference(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
   if (--it->second.references > 0) return;
-  if (it->second.charged) refund(it->second.location.id, it->second.size);
+  if (it->second.charged) refund_location(it->second.location, it->second.size);
   close(it->second.fd);
   state().physical.erase(it);
 }
@@ -91,14 +109,14 @@ EMU_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
     return CUDA_ERROR_NOT_SUPPORTED;  // fabric and Win32 handles: not on this "platform"
   }
   std::lock_guard lock(state().mutex);
-  if (on_device(prop->location) && !charge(prop->location.id, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!charge_location(prop->location, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   int fd = memfd_create(memfd_name(prop->location).c_str(), MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
     if (fd >= 0) close(fd);
-    if (on_device(prop->location)) refund(prop->location.id, size);
+    refund_location(prop->location, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  return add_handle(handle, Physical{fd, size, prop->location, prop->requestedHandleTypes, on_device(prop->location)});
+  return add_handle(handle, Physical{fd, size, prop->location, prop->requestedHandleTypes, true});
 }
 
 EMU_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {

@@ -33,7 +33,7 @@ TEST(Config, ReadsEveryKey) {
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {
   ConfigResult r = parse_config("report:1,repot:1");
-  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, pool_headroom, stats, stats_dir, log_level)");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)");
 }
 
 TEST(Config, BadValueSaysWhatIsExpected) {
@@ -48,8 +48,33 @@ TEST(Config, BadValueSaysWhatIsExpected) {
             "bad value 'run/gmem' for key 'stats_dir' (expected an absolute path)");
 }
 
+TEST(Config, BudgetsAreSizesOrShares) {
+  const ConfigResult defaults = parse_config("");
+  EXPECT_EQ(defaults.config.device_budget.of(80ull << 30), 80ull << 30);  // the whole device
+  EXPECT_EQ(defaults.config.peer_reserve.of(1000), 100u);
+  EXPECT_EQ(defaults.config.host_budget.of(1000), 500u);
+  EXPECT_EQ(defaults.config.mem_info, pool::MemInfo::device);
+  ConfigResult r = parse_config("device_budget:60G,peer_budget:512M,peer_reserve:4096,host_budget:1T,mem_info:tiers");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.config.device_budget.of(80ull << 30), 60ull << 30);  // a size ignores the capacity
+  EXPECT_EQ(r.config.peer_budget.of(1), 512ull << 20);
+  EXPECT_EQ(r.config.peer_reserve.of(1), 4096u);
+  EXPECT_EQ(r.config.host_budget.of(1), 1ull << 40);
+  EXPECT_EQ(r.config.mem_info, pool::MemInfo::tiers);
+  EXPECT_EQ(parse_config("host_budget:25%").config.host_budget.of(1000), 250u);
+  EXPECT_EQ(parse_config("peer_budget:0").config.peer_budget.of(1ull << 40), 0u);
+  EXPECT_EQ(parse_config("host_budget:12X").error,
+            "bad value '12X' for key 'host_budget' (expected a size in bytes with an optional K, M, G or T suffix "
+            "(64G), or a percentage (50%))");
+  for (const char* bad : {"device_budget:", "device_budget:-1G", "device_budget:150%", "device_budget:G",
+                          "device_budget:5%%", "device_budget:99999999999999999999", "device_budget:20000000T",
+                          "mem_info:host"}) {
+    EXPECT_NE(parse_config(bad).error, "") << bad;
+  }
+}
+
 TEST(Config, ItemWithoutColonIsAnError) {
-  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, pool_headroom, stats, stats_dir, log_level)");
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)");
 }
 
 TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {

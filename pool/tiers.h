@@ -1,0 +1,133 @@
+// The spill tiers behind a device: when the device cannot (or by its budget may
+// not) hold a chunk, a peer GPU it can reach over P2P holds it (best link
+// first, within the peer budget and above the peer's reserve), then pinned
+// memory of the device's host NUMA node (within the host budget). The chunks
+// map into the device's ranges like its own; the tiers keep each tier's bytes
+// from the chunks' own reports (vmm::ChunkObserver): made, mapped, unmapped,
+// released.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "pool/budget.h"
+#include "pool/host_preparer.h"
+#include "pool/publisher.h"
+#include "vmm/memory.h"
+#include "vmm/topology.h"
+
+namespace gmem::pool {
+
+// Bytes of an address range by where they live.
+struct Split {
+  std::size_t peer = 0, host = 0;
+};
+
+class Tiers final : public vmm::ChunkObserver {
+ public:
+  // `host_available`: the host's available memory (the capacity host_budget
+  // shares); 0 reads MemAvailable from /proc/meminfo when first needed.
+  Tiers(const vmm::Driver& driver, Budgets budgets, Publisher* publisher, std::size_t host_available = 0);
+  ~Tiers();
+  Tiers(const Tiers&) = delete;
+  Tiers& operator=(const Tiers&) = delete;
+
+  // Whether `device`'s own memory may grow by `size` bytes while the pool holds
+  // `pool_bytes` for it (in every tier): the device budget.
+  bool device_may_hold(int device, std::size_t pool_bytes, std::size_t size);
+  // One chunk of at most `want` bytes for `device` (whose context is current),
+  // where the pool holds `pool_bytes` for it: on the device itself if part of
+  // `want` still fits there (within its budget), else on the best peer with
+  // room, else on the host; smaller than `want` where a tier has less room.
+  // CUDA_ERROR_OUT_OF_MEMORY when no tier has any.
+  CUresult make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out);
+
+  // Whether any chunk of `device` lives in a tier (cheap: one atomic load).
+  bool spilled(int device) const;
+  // The bytes of [base, base + size) that lie in peer and host chunks.
+  Split split(CUdeviceptr base, std::size_t size) const;
+  // With mem_info:tiers, cuMemGetInfo adds what the tiers may still hold.
+  bool reports_tiers() const { return budgets_.mem_info == MemInfo::tiers; }
+  void add_tier_memory(int device, std::size_t* free, std::size_t* total);
+
+  // Pinned host bytes held (spilled and prepared), and the host budget.
+  std::size_t host_held() const;
+  std::size_t host_budget();
+  // Bytes held for `device` on peers and on the host.
+  Split held(int device) const;
+
+  // The host preparer (pool/host_preparer.h): started once a device is near
+  // full (90% of its budget) or spills; stopped at exit, before the driver's
+  // own exit handlers run; gone in a forked child.
+  bool preparing() const;
+  std::size_t prepared_bytes() const;
+  void stop_preparer();
+  void before_fork();
+  void after_fork(bool child);
+
+  // vmm::ChunkObserver
+  void mapped(const vmm::Chunk& chunk, CUdeviceptr at) override;
+  void unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) override;
+  void released(const vmm::Chunk& chunk) override;
+
+ private:
+  struct DeviceInfo {
+    bool known = false;
+    vmm::Topology topology;
+    std::size_t total = 0;
+    std::size_t granularity = 0;
+    CUcontext context = nullptr;  // primary, retained for cuMemGetInfo (peers only)
+    std::size_t peer_held = 0;    // bytes this process placed on it as a peer
+    Split spilled;                // bytes held for it on peers and the host
+  };
+  struct Held {
+    int device;  // whose allocations it serves
+    bool host;
+    std::size_t size;
+  };
+  struct Mapped {
+    std::size_t size;
+    CUmemGenericAllocationHandle handle;
+    bool host;
+  };
+
+  DeviceInfo& info(int device);  // under mutex_
+  // Room on `peer` for this process: the budget and the reserve; under mutex_.
+  std::size_t peer_room(int peer);
+  // Room on `device` itself (its context current) within its budget; under mutex_.
+  std::size_t device_room(int device, std::size_t pool_bytes);
+  std::size_t host_budget_locked();
+  std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }
+  void publish(int device);
+  void publish_prepared(int device);  // under mutex_
+  // A chunk of `size` will likely be wanted on `device`'s host node; under mutex_.
+  void expect_host_chunk(int device, std::size_t size);
+  // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
+  CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
+  // Records a chunk made for `device`.
+  void hold(const vmm::Chunk& chunk, int device, bool host);
+
+  const vmm::Driver& driver_;
+  const Budgets budgets_;
+  Publisher* const publisher_;
+  mutable std::mutex mutex_;
+  std::size_t host_available_;
+  std::size_t host_budget_ = 0;
+  bool host_budget_known_ = false;
+  std::size_t host_held_ = 0;
+  std::size_t prepared_ = 0;  // of host_held_, prepared chunks not yet used
+  std::map<int, DeviceInfo> devices_;
+  std::unordered_map<CUmemGenericAllocationHandle, Held> held_;
+  std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
+  std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
+  int preparer_device_ = -1;                  // the device whose near-full started it
+  std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go
+};
+
+}  // namespace gmem::pool

@@ -1,0 +1,155 @@
+/* Fills part of the device, then makes one allocation that gmem's pool must
+ * spill (run with a small device_budget): checks the data through all of it,
+ * that gmem answers every pointer query of it as device memory of device 0
+ * with the allocation's bounds, and asks the real driver (GMEM_REAL_LIBCUDA,
+ * opened past the shim) where each 2 MiB of it lives. Prints the copy-engine
+ * bandwidth from its host-spilled part next to the same copy from host-NUMA
+ * memory the program maps itself (BENCH lines). Exit 0 on success.
+ *   spill FILL_MIB BLOCK_MIB SPAN_MIB */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PROGRAM "spill"
+#include "check.h"
+
+enum { max_blocks = 1024 };
+static const size_t mib = 1 << 20, step = 2 << 20;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* GB/s of a device-to-device copy of `bytes` from `src`, best of 5. */
+static double copy_rate(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    double t = now();
+    if (cuMemcpyDtoD(dst, src, bytes) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS) return -1;
+    double rate = bytes / (now() - t) / 1e9;
+    if (rate > best) best = rate;
+  }
+  return best;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: spill FILL_MIB BLOCK_MIB SPAN_MIB\n");
+    return 2;
+  }
+  const size_t fill = strtoull(argv[1], NULL, 10) * mib, block = strtoull(argv[2], NULL, 10) * mib,
+               span = strtoull(argv[3], NULL, 10) * mib;
+  const char* real_path = getenv("GMEM_REAL_LIBCUDA");
+  void* real = real_path ? dlopen(real_path, RTLD_NOW) : NULL;
+  CUresult (*real_query)(void*, CUpointer_attribute, CUdeviceptr) =
+      real ? (CUresult(*)(void*, CUpointer_attribute, CUdeviceptr))dlsym(real, "cuPointerGetAttribute") : NULL;
+  if (!real_query) {
+    fprintf(stderr, "spill: set GMEM_REAL_LIBCUDA to the real driver (to ask it past the shim)\n");
+    return 2;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+
+  static CUdeviceptr blocks[max_blocks];
+  int n = 0;
+  for (size_t held = 0; held < fill && n < max_blocks; held += block) CHECK(cuMemAlloc(&blocks[n++], block));
+  for (int i = 0; i < n; ++i) CHECK(cuMemsetD32(blocks[i], 0x5eed0000u + i, block / 4));
+  CUdeviceptr big;
+  double t = now();
+  CHECK(cuMemAlloc(&big, span));
+  printf("BENCH spill_alloc_%zuMiB %.3f ms\n", span / mib, (now() - t) * 1e3);
+
+  /* Where the driver says each 2 MiB lives; gmem must say device 0 throughout. */
+  size_t in_device = 0, on_peer = 0, on_host = 0, host_start = 0, host_run = 0;
+  for (size_t off = 0; off < span; off += step) {
+    unsigned type = 0;
+    int ordinal = -1;
+    CHECK(real_query(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, big + off));
+    if (type == CU_MEMORYTYPE_HOST) {
+      if (!on_host || host_start + host_run == off) {
+        if (!on_host) host_start = off;
+        host_run += step;
+      }
+      on_host += step;
+    } else {
+      CHECK(real_query(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, big + off));
+      if (ordinal == dev) in_device += step; else on_peer += step;
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    int managed = -1;
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, big + off + 64));
+    CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, big + off + 64));
+    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, big + off + 64));
+    CHECK(cuMemGetAddressRange(&base, &size, big + off + 64));
+    if (type != CU_MEMORYTYPE_DEVICE || ordinal != dev || managed != 0 || base != big || size != span) {
+      fprintf(stderr, "spill: at +%zu MiB gmem answers type %u ordinal %d managed %d range +%zu MiB\n", off / mib,
+              type, ordinal, managed, size / mib);
+      return 1;
+    }
+  }
+  printf("spill: the driver places the %zu MiB allocation on device %zu MiB, peer %zu MiB, host %zu MiB\n",
+         span / mib, in_device / mib, on_peer / mib, on_host / mib);
+  printf("spill: gmem answers device memory of device %d, with the allocation's bounds, for all of it\n", dev);
+
+  unsigned* host = malloc(span);
+  unsigned* back = calloc(1, span);
+  for (size_t i = 0; i < span / 4; ++i) host[i] = (unsigned)(i * 2654435761u);
+  CHECK(cuMemcpyHtoD(big, host, span));
+  CHECK(cuMemcpyDtoH(back, big, span));
+  if (memcmp(host, back, span) != 0) {
+    fprintf(stderr, "spill: data differs after the round trip\n");
+    return 1;
+  }
+  for (int i = 0; i < n; ++i) {
+    unsigned first = 0, last = 0;
+    CHECK(cuMemcpyDtoH(&first, blocks[i], 4));
+    CHECK(cuMemcpyDtoH(&last, blocks[i] + block - 4, 4));
+    if (first != 0x5eed0000u + i || last != first) {
+      fprintf(stderr, "spill: block %d changed\n", i);
+      return 1;
+    }
+  }
+
+  if (host_run) {
+    /* The same copy from host-NUMA memory mapped by hand (the raw figure), each
+     * into device memory the program maps itself (no pool, no budget). */
+    int node = -1;
+    CHECK(cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev));
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = node;
+    CUmemAllocationProp on_device = prop;
+    on_device.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    on_device.location.id = dev;
+    CUmemGenericAllocationHandle h[2];
+    CUdeviceptr raw;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK(cuMemCreate(&h[0], host_run, &prop, 0));
+    CHECK(cuMemCreate(&h[1], host_run, &on_device, 0));
+    CHECK(cuMemAddressReserve(&raw, 2 * host_run, 0, 0, 0));
+    CHECK(cuMemMap(raw, host_run, 0, h[0], 0));
+    CHECK(cuMemMap(raw + host_run, host_run, 0, h[1], 0));
+    CHECK(cuMemSetAccess(raw, 2 * host_run, &access, 1));
+    printf("BENCH spill_host_copy_%zuMiB %.2f GB/s\n", host_run / mib, copy_rate(raw + host_run, big + host_start, host_run));
+    printf("BENCH spill_host_copy_%zuMiB_native %.2f GB/s\n", host_run / mib, copy_rate(raw + host_run, raw, host_run));
+    CHECK(cuMemUnmap(raw, 2 * host_run));
+    CHECK(cuMemAddressFree(raw, 2 * host_run));
+    CHECK(cuMemRelease(h[0]));
+    CHECK(cuMemRelease(h[1]));
+  }
+  CHECK(cuMemFree(big));
+  for (int i = 0; i < n; ++i) CHECK(cuMemFree(blocks[i]));
+  printf("spill ok\n");
+  return 0;
+}

@@ -1,0 +1,513 @@
+// The spill tiers through the driver API, under the shim on the emulated
+// driver with two devices: device 0 of 64 MiB, device 1 of 32 MiB (its peer,
+// with an 8 MiB reserve), and pinned host memory within host_budget.
+// meson runs each suite with its own GMEM_CONF (tests/meson.build):
+//   Spill.*     pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0
+//   Budget.*    pool:vmm,device_budget:16M,peer_budget:0,host_budget:8M,host_prepare:0
+//   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
+//   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
+//   NoPeer.*    pool:vmm,host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
+//   Exit.*      with Spill and with Prepare
+#include <cuda.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <atomic>
+#include <filesystem>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "gmem/stats.h"
+#include "own_stats.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr std::size_t mib = 1 << 20;
+using gmem_test::OwnStats;
+using gmem_test::stats_dir;
+using gmem_test::stats_path;
+bool in_forked_child = false;
+
+std::vector<uint32_t> pattern(std::size_t bytes, uint32_t seed) {
+  std::vector<uint32_t> v(bytes / 4);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = seed * 2654435761u + static_cast<uint32_t>(i);
+  return v;
+}
+
+// The emulated driver's own answer, past the shim: what the chunk under `ptr` is.
+unsigned driver_memory_type(CUdeviceptr ptr) {
+  void* emu = dlopen(getenv("GMEM_REAL_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+  auto query = emu ? reinterpret_cast<decltype(&cuPointerGetAttribute)>(dlsym(emu, "cuPointerGetAttribute")) : nullptr;
+  unsigned type = 0;
+  if (!query || query(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) != CUDA_SUCCESS) return 0;
+  return type;
+}
+
+class Tiers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    for (CUdeviceptr p : live_) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+    // Nothing stays cached: the next test starts from empty tiers.
+    CUmemoryPool mempool = nullptr;
+    ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+    OwnStats stats;
+    EXPECT_EQ(stats.device(0, GMEM_STAT_reserved_bytes), 0u);
+    EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 0u);
+    EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 0u);
+    EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  }
+  CUdeviceptr alloc(std::size_t size, CUresult expect = CUDA_SUCCESS) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(cuMemAlloc_v2(&p, size), expect) << size / mib << " MiB";
+    if (expect == CUDA_SUCCESS && p) live_.push_back(p);
+    return p;
+  }
+  void free(CUdeviceptr p) {
+    std::erase(live_, p);
+    EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+  }
+  // Writes a pattern over all of [p, p + size) and reads it back.
+  static void fill(CUdeviceptr p, std::size_t size, uint32_t seed) {
+    auto in = pattern(size, seed);
+    ASSERT_EQ(cuMemcpyHtoD_v2(p, in.data(), size), CUDA_SUCCESS);
+  }
+  static void check(CUdeviceptr p, std::size_t size, uint32_t seed) {
+    std::vector<uint32_t> out(size / 4);
+    ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), p, size), CUDA_SUCCESS);
+    EXPECT_TRUE(out == pattern(size, seed)) << "data at " << std::hex << p;
+  }
+  CUcontext ctx_ = nullptr;
+  std::vector<CUdeviceptr> live_;
+};
+
+using Spill = Tiers;
+using Budget = Tiers;
+using MemInfo = Tiers;
+
+// Device 0 holds 64 MiB: after 40 MiB, a 60 MiB allocation takes the 24 MiB
+// left on the device, 24 MiB of the peer (32 MiB less its 8 MiB reserve) and
+// 12 MiB of pinned host memory, in that order, in one range.
+TEST_F(Spill, AnAllocationSpansDevicePeerAndHost) {
+  CUdeviceptr a = alloc(40 * mib);
+  fill(a, 40 * mib, 1);
+  CUdeviceptr b = alloc(60 * mib);
+  ASSERT_NE(b, 0u);
+  fill(b, 60 * mib, 2);
+  check(b, 60 * mib, 2);
+  check(a, 40 * mib, 1);
+  // A copy within the allocation crosses every boundary (device to host part, peer to device part).
+  ASSERT_EQ(cuMemcpyDtoD_v2(b + 50 * mib, b + 10 * mib, 8 * mib), CUDA_SUCCESS);
+  std::vector<uint32_t> moved(8 * mib / 4);
+  ASSERT_EQ(cuMemcpyDtoH_v2(moved.data(), b + 50 * mib, 8 * mib), CUDA_SUCCESS);
+  auto expected = pattern(60 * mib, 2);
+  EXPECT_TRUE(std::equal(moved.begin(), moved.end(), expected.begin() + 10 * mib / 4));
+
+  // The driver itself calls the last 12 MiB host memory: the spill is real.
+  EXPECT_EQ(driver_memory_type(b + 10 * mib), CU_MEMORYTYPE_DEVICE);
+  EXPECT_EQ(driver_memory_type(b + 30 * mib), CU_MEMORYTYPE_DEVICE);  // the peer's
+  EXPECT_EQ(driver_memory_type(b + 55 * mib), CU_MEMORYTYPE_HOST);
+
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 12 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 24 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_device_bytes), 64 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 100 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 12 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 24 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_reserved_bytes), 100 * mib);
+  gmem_placement pb = stats.placement(b);
+  EXPECT_EQ(pb.size, 60 * mib);
+  EXPECT_EQ(pb.tier, GMEM_TIER_HOST);  // its slowest part
+  EXPECT_EQ(pb.host_bytes, 12 * mib);
+  EXPECT_EQ(pb.peer_bytes, 24 * mib);
+  EXPECT_EQ(pb.chunks, 3);
+  gmem_placement pa = stats.placement(a);
+  EXPECT_EQ(pa.tier, GMEM_TIER_DEVICE);
+  EXPECT_EQ(pa.host_bytes + pa.peer_bytes, 0u);
+
+  // Freed, the tiers' live bytes go; the chunks stay cached until trimmed (TearDown).
+  free(b);
+  OwnStats after;
+  EXPECT_EQ(after.device(0, GMEM_STAT_host_bytes), 0u);
+  EXPECT_EQ(after.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(after.device(0, GMEM_STAT_device_bytes), 40 * mib);
+  EXPECT_EQ(after.device(0, GMEM_STAT_host_reserved_bytes), 12 * mib);
+}
+
+// One allocation larger than the device (64 MiB): the device's memory, the
+// peer's room and the host's make one range, and it holds its data. Larger
+// than all of them together, it is out of memory at once.
+TEST_F(Spill, AnAllocationLargerThanTheDeviceSpans) {
+  CUdeviceptr big = alloc(96 * mib);
+  ASSERT_NE(big, 0u);
+  fill(big, 96 * mib, 5);
+  check(big, 96 * mib, 5);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 24 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 8 * mib);
+  free(big);
+  alloc(64 * mib + 24 * mib + 48 * mib + 2 * mib, CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+// The program asked for device memory: every pointer query answers so for
+// the whole allocation, the host part included (the driver would say host).
+TEST_F(Spill, PointerQueriesDescribeTheWholeAllocationAsDeviceMemory) {
+  alloc(64 * mib);
+  alloc(16 * mib);                  // on the peer, which has 8 MiB left above its reserve
+  CUdeviceptr b = alloc(16 * mib);  // 8 MiB on the peer, 8 on the host
+  ASSERT_NE(b, 0u);
+  ASSERT_EQ(driver_memory_type(b + 100), CU_MEMORYTYPE_DEVICE);
+  const CUdeviceptr host_part = b + 16 * mib - 4096;
+  ASSERT_EQ(driver_memory_type(host_part), CU_MEMORYTYPE_HOST) << "the test needs a host part";
+  for (CUdeviceptr p : {b, b + 8 * mib + 100, host_part}) {
+    unsigned type = 0;
+    ASSERT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p), CUDA_SUCCESS);
+    EXPECT_EQ(type, CU_MEMORYTYPE_DEVICE);
+    int ordinal = -1, managed = -1;
+    ASSERT_EQ(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p), CUDA_SUCCESS);
+    EXPECT_EQ(ordinal, 0);
+    ASSERT_EQ(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p), CUDA_SUCCESS);
+    EXPECT_EQ(managed, 0);
+    void* host = nullptr;
+    EXPECT_EQ(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, p), CUDA_ERROR_INVALID_VALUE);
+    CUcontext context = nullptr;
+    ASSERT_EQ(cuPointerGetAttribute(&context, CU_POINTER_ATTRIBUTE_CONTEXT, p), CUDA_SUCCESS);
+    EXPECT_EQ(context, ctx_);
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    ASSERT_EQ(cuMemGetAddressRange_v2(&base, &size, p), CUDA_SUCCESS);
+    EXPECT_EQ(base, b);
+    EXPECT_EQ(size, 16 * mib);
+
+    CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned many_type = 0;
+    int many_ordinal = -1, many_managed = -1;
+    void* many_host = reinterpret_cast<void*>(1);
+    CUdeviceptr start = 0;
+    std::size_t range = 0;
+    void* data[] = {&many_type, &many_ordinal, &many_managed, &many_host, &start, &range};
+    ASSERT_EQ(cuPointerGetAttributes(6, attributes, data, p), CUDA_SUCCESS);
+    EXPECT_EQ(many_type, CU_MEMORYTYPE_DEVICE);
+    EXPECT_EQ(many_ordinal, 0);
+    EXPECT_EQ(many_managed, 0);
+    EXPECT_EQ(many_host, nullptr);
+    EXPECT_EQ(start, b);
+    EXPECT_EQ(range, 16 * mib);
+  }
+  // The pool's chunks are not the program's to export.
+  CUmemGenericAllocationHandle handle = 0;
+  EXPECT_EQ(cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(host_part)), CUDA_ERROR_INVALID_VALUE);
+}
+
+// Past the peer's reserve and the host budget: out of memory, cleanly, and
+// what the program holds is intact; memory freed serves again.
+TEST_F(Spill, PastEveryBudgetIsOutOfMemoryAndOtherMemoryIsIntact) {
+  CUdeviceptr a = alloc(64 * mib);
+  CUdeviceptr b = alloc(24 * mib);  // the peer's room
+  CUdeviceptr c = alloc(40 * mib);  // host, of 48
+  fill(a, 64 * mib, 3);
+  fill(b, 24 * mib, 4);
+  fill(c, 40 * mib, 5);
+  OwnStats stats;
+  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_PEER);
+  EXPECT_EQ(stats.placement(c).tier, GMEM_TIER_HOST);
+  alloc(10 * mib, CUDA_ERROR_OUT_OF_MEMORY);  // 8 MiB of host budget left
+  CUdeviceptr d = alloc(8 * mib);
+  alloc(2 * mib, CUDA_ERROR_OUT_OF_MEMORY);
+  check(a, 64 * mib, 3);
+  check(b, 24 * mib, 4);
+  check(c, 40 * mib, 5);
+  EXPECT_LE(stats.device(0, GMEM_STAT_host_reserved_bytes), 48 * mib);
+  free(d);
+  free(c);
+  CUdeviceptr e = alloc(48 * mib);  // the host's budget again, from cached chunks or new
+  fill(e, 48 * mib, 6);
+  check(e, 48 * mib, 6);
+  check(b, 24 * mib, 4);
+}
+
+// Small allocations (slabs) spill too, and a stream-ordered one.
+TEST_F(Spill, SlabsAndStreamOrderedAllocationsSpill) {
+  alloc(64 * mib);
+  alloc(24 * mib);  // the peer's room
+  CUdeviceptr small = alloc(4096);
+  fill(small, 4096, 7);
+  check(small, 4096, 7);
+  OwnStats stats;
+  EXPECT_EQ(stats.placement(small).tier, GMEM_TIER_HOST);
+  EXPECT_EQ(stats.placement(small).host_bytes, 4096u);
+  CUdeviceptr ordered = 0;
+  ASSERT_EQ(cuMemAllocAsync(&ordered, 6 * mib, nullptr), CUDA_SUCCESS);
+  fill(ordered, 6 * mib, 8);
+  check(ordered, 6 * mib, 8);
+  EXPECT_EQ(stats.placement(ordered).tier, GMEM_TIER_HOST);
+  ASSERT_EQ(cuMemFreeAsync(ordered, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+// Runs this program again as `mode`; returns its exit status, or -1.
+int run_child(const char* mode, pid_t* pid) {
+  std::string self = "/proc/self/exe";
+  char* argv[] = {self.data(), const_cast<char*>(mode), nullptr};
+  int status = 0;
+  if (posix_spawn(pid, self.c_str(), nullptr, nullptr, argv, environ) != 0 || waitpid(*pid, &status, 0) != *pid ||
+      !WIFEXITED(status)) {
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
+// A child that spills and exits with its memory live: it exits cleanly, and
+// what it published goes with it.
+int spill_and_exit_main() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx)) return 10;
+  CUdeviceptr a = 0, b = 0;
+  if (cuMemAlloc_v2(&a, 64 * mib) || cuMemAlloc_v2(&b, 40 * mib)) return 11;
+  OwnStats stats;
+  if (stats.device(0, GMEM_STAT_host_bytes) + stats.device(0, GMEM_STAT_peer_bytes) != 40 * mib ||
+      stats.device(0, GMEM_STAT_host_bytes) == 0) {
+    return 12;
+  }
+  return 0;  // exit() with a and b live
+}
+
+TEST(Exit, AProcessThatSpilledExitsCleanlyAndItsStatsGo) {
+  pid_t pid = 0;
+  EXPECT_EQ(run_child("--spill-and-exit", &pid), 0);
+  struct stat st;
+  EXPECT_NE(stat(stats_path(pid).c_str(), &st), 0) << "the child's stats file outlived it";
+}
+
+int threads() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) n += entry.exists();
+  return n;
+}
+
+// Waits up to 5 s for `stat` of device 0 to read `value`.
+bool wait_for(gmem_device_stat stat, uint64_t value) {
+  for (int i = 0; i < 500; ++i) {
+    if (OwnStats().device(0, stat) == value) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// The emulator's handle behind `ptr` (past the shim); the emulator numbers
+// handles in the order they were made.
+CUmemGenericAllocationHandle driver_handle(CUdeviceptr ptr) {
+  void* emu = dlopen(getenv("GMEM_REAL_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+  auto retain = emu ? reinterpret_cast<decltype(&cuMemRetainAllocationHandle)>(dlsym(emu, "cuMemRetainAllocationHandle"))
+                    : nullptr;
+  auto release = emu ? reinterpret_cast<decltype(&cuMemRelease)>(dlsym(emu, "cuMemRelease")) : nullptr;
+  CUmemGenericAllocationHandle handle = 0;
+  if (!retain || !release || retain(&handle, reinterpret_cast<void*>(ptr)) != CUDA_SUCCESS) return 0;
+  release(handle);
+  return handle;
+}
+
+using Prepare = Tiers;
+
+// No thread until the device is near full; then host chunks of the sizes the
+// pool makes are pinned ahead, and a spill takes one; a forked child has no
+// such thread and exits at once.
+TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
+  const int before = threads();
+  alloc(8 * mib);
+  alloc(40 * mib);
+  EXPECT_EQ(threads(), before) << "a thread before the device is near full";
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_prepared_bytes), 0u);
+  CUdeviceptr near = alloc(12 * mib);  // 4 MiB left: near full
+  fill(near, 12 * mib, 11);
+  EXPECT_EQ(threads(), before + 1);
+  ASSERT_TRUE(wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib)) << "no 12 MiB chunk prepared";
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 0u);  // prepared is no device's yet
+
+  // 4 MiB on the device, 12 from the prepared chunk: made before the device's part.
+  CUdeviceptr b = alloc(16 * mib);
+  fill(b, 16 * mib, 12);
+  check(b, 16 * mib, 12);
+  check(near, 12 * mib, 11);
+  OwnStats stats;
+  EXPECT_EQ(stats.placement(b).host_bytes, 12 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 12 * mib);
+  const CUmemGenericAllocationHandle device_part = driver_handle(b), host_part = driver_handle(b + 15 * mib);
+  ASSERT_NE(device_part, 0u);
+  ASSERT_NE(host_part, 0u);
+  EXPECT_LT(host_part, device_part) << "the host part was pinned during the allocation, not ahead of it";
+  EXPECT_EQ(driver_memory_type(b + 15 * mib), CU_MEMORYTYPE_HOST);
+
+  // A request the prepared chunks do not fit takes their room: host budget 48
+  // MiB, 12 in use, up to 12 prepared (half the room at most).
+  wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib);
+  CUdeviceptr c = alloc(36 * mib);
+  fill(c, 36 * mib, 13);
+  check(c, 36 * mib, 13);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 48 * mib);
+
+  pid_t child = fork();
+  if (child == 0) {
+    in_forked_child = true;
+    exit(threads() == 1 ? 0 : 3);  // exit(): the shim's exit handlers run, and must not wait for a thread
+  }
+  ASSERT_GT(child, 0);
+  int status = -1;
+  for (int i = 0; i < 500 && waitpid(child, &status, WNOHANG) == 0; ++i) usleep(10000);
+  ASSERT_TRUE(WIFEXITED(status)) << "the forked child did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "threads in the forked child";
+}
+
+// Threads allocating, writing, checking and freeing while the device is near
+// full: spills, prepared chunks and their draining race with each other, and
+// every allocation served keeps its data.
+TEST_F(Prepare, ConcurrentSpillsKeepTheirData) {
+  CUdeviceptr base = alloc(40 * mib);
+  fill(base, 40 * mib, 20);
+  std::atomic<int> served{0}, refused{0}, corrupt{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return;
+      const std::size_t sizes[] = {1 * mib, 3 * mib, 6 * mib, 10 * mib, 4096};
+      for (int i = 0; i < 100; ++i) {
+        const std::size_t size = sizes[(i + t) % 5];
+        CUdeviceptr p = 0;
+        if (cuMemAlloc_v2(&p, size) != CUDA_SUCCESS) {
+          ++refused;
+          continue;
+        }
+        ++served;
+        auto in = pattern(size, static_cast<uint32_t>(t * 1000 + i));
+        std::vector<uint32_t> out(in.size());
+        if (cuMemcpyHtoD_v2(p, in.data(), size) != CUDA_SUCCESS ||
+            cuMemcpyDtoH_v2(out.data(), p, size) != CUDA_SUCCESS || out != in) {
+          ++corrupt;
+        }
+        if (cuMemFree_v2(p) != CUDA_SUCCESS) ++corrupt;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupt.load(), 0);
+  EXPECT_GT(served.load(), 300) << refused.load() << " refused";
+  check(base, 40 * mib, 20);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 40 * mib);
+  // The race was run near full: some memory went to the host, or was prepared there.
+  EXPECT_GT(stats.device(0, GMEM_STAT_host_reserved_bytes) + stats.device(0, GMEM_STAT_host_prepared_bytes), 0u);
+  printf("served %d, refused %d; host reserved %llu MiB, prepared %llu MiB\n", served.load(), refused.load(),
+         static_cast<unsigned long long>(stats.device(0, GMEM_STAT_host_reserved_bytes) / mib),
+         static_cast<unsigned long long>(stats.device(0, GMEM_STAT_host_prepared_bytes) / mib));
+}
+
+// device_budget:16M: the device's own memory holds at most 16 MiB of the
+// pool; with no peer tier the rest goes to the host (8 MiB), then out of memory.
+TEST_F(Budget, TheDeviceBudgetSpillsWhatTheDeviceCouldHold) {
+  CUdeviceptr a = alloc(12 * mib);
+  CUdeviceptr b = alloc(10 * mib);  // 4 MiB on the device, 6 on the host
+  fill(a, 12 * mib, 9);
+  fill(b, 10 * mib, 10);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_device_bytes), 16 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 6 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 0u);
+  alloc(4 * mib, CUDA_ERROR_OUT_OF_MEMORY);  // 2 MiB of host budget left
+  check(a, 12 * mib, 9);
+  check(b, 10 * mib, 10);
+  // The device itself still has room: the driver's own allocations are not the
+  // pool's budget. The 2 MiB host chunk the refused request left cached is
+  // not the device's free memory.
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 8 * mib);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_cached_free_bytes), 2 * mib);
+  std::size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 64 * mib);
+  EXPECT_EQ(free_bytes, 64 * mib - 16 * mib);
+  CUmemoryPool mempool = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemPoolTrimTo(mempool, 0), CUDA_SUCCESS);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 6 * mib);
+  free(b);
+  // Device memory cached counts as free again.
+  ASSERT_EQ(cuMemGetInfo_v2(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_bytes, 64 * mib - 12 * mib);
+}
+
+using NoPeer = Tiers;
+
+// GMEM_EMU_P2P=0: device 1 is not a peer device 0 can map, so nothing goes there.
+TEST_F(NoPeer, WithoutP2PTheHostTakesWhatTheDeviceCannotHold) {
+  int can = -1;
+  ASSERT_EQ(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_SUCCESS);
+  ASSERT_EQ(can, 0);
+  CUdeviceptr a = alloc(64 * mib);
+  CUdeviceptr b = alloc(20 * mib);
+  fill(a, 64 * mib, 14);
+  fill(b, 20 * mib, 15);
+  check(a, 64 * mib, 14);
+  check(b, 20 * mib, 15);
+  OwnStats stats;
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
+  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
+}
+
+// mem_info:tiers: cuMemGetInfo adds the peer's room and the host budget.
+TEST_F(MemInfo, TiersReportsTheirRoomInGetInfo) {
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 64 * mib + 24 * mib + 48 * mib);
+  EXPECT_EQ(free, 64 * mib + 24 * mib + 48 * mib);
+  alloc(64 * mib);
+  alloc(30 * mib);  // 24 on the peer, 6 on the host
+  ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 64 * mib + 24 * mib + 48 * mib);
+  EXPECT_EQ(free, 42 * mib);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--spill-and-exit") == 0) {
+    stats_dir = getenv("GMEM_TIERS_STATS_DIR");
+    return spill_and_exit_main();
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  char dir[] = "/tmp/gmem-tiers-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  stats_dir = dir;
+  std::string conf = std::string(getenv("GMEM_TEST_CONF") ? getenv("GMEM_TEST_CONF") : "pool:vmm") +
+                     ",stats_dir:" + stats_dir;
+  setenv("GMEM_CONF", conf.c_str(), 1);
+  setenv("GMEM_TIERS_STATS_DIR", dir, 1);
+  atexit([] {
+    if (!in_forked_child && rmdir(stats_dir.c_str()) != 0) {
+      fprintf(stderr, "pool-tiers: the stats file was not removed at exit\n");
+      _exit(1);
+    }
+  });
+  return RUN_ALL_TESTS();
+}
