@@ -249,6 +249,10 @@ step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-
 step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
 step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
 step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
+# Dedup's content hash: the embedded kernel (through the real driver) against
+# the CPU reference on random buffers of 39 sizes, odd ones too; its throughput
+# is .carry/bench/bench-dedup-hash (BENCH dedup_hash_gpu, goal >= 1000 GB/s).
+step dedup-hash-check 120 "$carry/dedup-hash-check" "$real"
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix

@@ -47,7 +47,14 @@ namespace gmem::vmm {
   X(cuDeviceGetUuid_v2, cuDeviceGetUuid_v2)                     \
   X(cuMemPoolGetAttribute, cuMemPoolGetAttribute)               \
   X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
-  X(cuMemPoolTrimTo, cuMemPoolTrimTo)
+  X(cuMemPoolTrimTo, cuMemPoolTrimTo)                           \
+  X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2)                           \
+  X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2)                           \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle) \
+  X(cuModuleLoadData, cuModuleLoadData)                         \
+  X(cuModuleGetFunction, cuModuleGetFunction)                   \
+  X(cuLaunchKernel, cuLaunchKernel)
 
 struct Driver {
 #define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;
