@@ -15,6 +15,9 @@ using level = spdlog::level::level_enum;
 enum class source { driver, vmm };
 using path = std::string;
 using percent = double;
+struct socket {
+  std::string path;  // empty: the default place
+};
 }  // namespace config_type
 
 struct Config {

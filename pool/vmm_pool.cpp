@@ -490,4 +490,111 @@ void VmmPool::forget_context(CUcontext context) {
   events_.erase(context);
 }
 
+// ---- Dedup: whole-range allocations on shared chunks (see vmm_pool.h). ----
+
+namespace {
+
+// The live whole-range allocation starting at `base`, or null.
+template <typename Ranges>
+auto live_whole_range(Ranges& ranges, CUdeviceptr base) -> decltype(ranges.begin()->second.get()) {
+  auto it = ranges.find(base);
+  if (it == ranges.end() || it->second->class_size || it->second->blocks.size() != 1 ||
+      it->second->blocks[0].size == 0) {
+    return nullptr;
+  }
+  return it->second.get();
+}
+
+}  // namespace
+
+CUresult VmmPool::whole_range_chunks(CUdeviceptr base, std::vector<ChunkView>* chunks, std::size_t* range_size,
+                                     int* device) const {
+  std::lock_guard lock(mutex_);
+  const Range* range = live_whole_range(ranges_, base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  chunks->clear();
+  for (const auto& c : range->chunks) chunks->push_back({c.handle(), c.size()});
+  *range_size = range->va.size();
+  *device = range->device;
+  return CUDA_SUCCESS;
+}
+
+// Maps `chunks` back to back over all of `range`; on failure unmaps what it mapped.
+static CUresult map_all(const vmm::Reservation& va, const std::vector<vmm::Chunk>& chunks, int device,
+                        bool read_only) {
+  std::size_t offset = 0;
+  for (const auto& c : chunks) {
+    if (CUresult status = va.map(offset, c, device, read_only)) {
+      if (offset) va.unmap(0, offset);
+      return status;
+    }
+    offset += c.size();
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared) {
+  std::lock_guard lock(mutex_);
+  Range* range = live_whole_range(ranges_, base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  std::size_t total = 0;
+  for (const auto& c : shared) total += c.size();
+  if (total != range->va.size() || shared.empty()) return CUDA_ERROR_INVALID_VALUE;
+  range->va.unmap(0, range->va.size());
+  if (CUresult status = map_all(range->va, shared, range->device, true)) {
+    map_all(range->va, range->chunks, range->device, false);
+    return status;
+  }
+  publish(range->device, GMEM_STAT_mappings, int64_t(shared.size()) - int64_t(range->chunks.size()));
+  publish(range->device, GMEM_STAT_stitched_ranges, int64_t(shared.size() > 1) - int64_t(range->chunks.size() > 1));
+  std::swap(range->chunks, shared);
+  for (auto& c : shared) drop_chunk(range->device, std::move(c));
+  publish_free_figures(range->device);
+  return CUDA_SUCCESS;
+}
+
+CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
+  std::lock_guard lock(mutex_);
+  quiet_ = false;
+  Range* range = live_whole_range(ranges_, base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  const int device = range->device;
+  const std::size_t size = range->va.size();
+  Device& d = device_state(device);
+  std::vector<vmm::Chunk> own;
+  std::size_t covered = 0;
+  take_loose(device, size, &own, &covered);
+  vmm::Chunk fresh;
+  CUresult status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
+  if (fresh.size()) own.push_back(std::move(fresh));
+  // Mapped first elsewhere, so that the content can be copied before the range changes.
+  vmm::Reservation staging;
+  if (status == CUDA_SUCCESS && copy) {
+    status = vmm::Reservation::reserve(driver_, size, &staging);
+    if (status == CUDA_SUCCESS) status = map_all(staging, own, device, false);
+    if (status == CUDA_SUCCESS) {
+      status = driver_.cuMemcpyDtoD_v2(staging.base(), base, size);
+      if (status == CUDA_SUCCESS) status = driver_.cuCtxSynchronize();
+      staging.unmap(0, size);
+    }
+  }
+  if (status == CUDA_SUCCESS) {
+    range->va.unmap(0, size);
+    status = map_all(range->va, own, device, false);
+    if (status != CUDA_SUCCESS) map_all(range->va, range->chunks, device, true);
+  }
+  if (status != CUDA_SUCCESS) {
+    for (auto& c : own) {
+      d.cached_bytes += c.size();
+      keep_loose(d, std::move(c));
+    }
+    return status;
+  }
+  publish(device, GMEM_STAT_mappings, int64_t(own.size()) - int64_t(range->chunks.size()));
+  publish(device, GMEM_STAT_stitched_ranges, int64_t(own.size() > 1) - int64_t(range->chunks.size() > 1));
+  std::swap(range->chunks, own);  // the shared chunks are released as `own` goes
+  publish_free_figures(device);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace gmem::pool

@@ -90,6 +90,30 @@ class VmmPool {
   static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
   static constexpr std::size_t max_parts = 8;         // chunks stitched into one range, at most
 
+  // ---- Dedup (dedup/): a live whole-range allocation mapped onto chunks shared
+  // with other processes. Small on purpose, to be ported with the pool. ----
+  struct ChunkView {
+    CUmemGenericAllocationHandle handle = 0;
+    std::size_t size = 0;
+  };
+  // The physical chunks behind the live whole-range allocation (> small_max)
+  // starting at `base`, in address order, and its range's size and device.
+  // CUDA_ERROR_INVALID_VALUE where `base` starts no such allocation. The
+  // handles stay the pool's: valid while the allocation lives and is not remapped.
+  CUresult whole_range_chunks(CUdeviceptr base, std::vector<ChunkView>* chunks, std::size_t* range_size,
+                              int* device) const;
+  // Remaps that allocation onto `shared` (imported chunks whose sizes add up
+  // to its range), read-only for its device; its own chunks go back to the
+  // driver (the point of sharing). On failure nothing changed. Guarantee: the
+  // shared chunks are never cached, loosened or handed to another allocation;
+  // the caller calls make_private before the allocation is freed.
+  CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared);
+  // Remaps that allocation onto memory of the pool's own (held or new),
+  // read-write, with its content copied over first when `copy`; the chunks it
+  // was mapped on are released (for shared ones: this process's reference).
+  // On failure nothing changed.
+  CUresult make_private(CUdeviceptr base, bool copy);
+
  private:
   // When freed memory may be handed out again.
   struct Pending {

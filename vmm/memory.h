@@ -45,8 +45,14 @@ class Chunk : public Owned {
   Chunk& operator=(Chunk&&) noexcept = default;
   ~Chunk();
   static CUresult create(const Driver& driver, int device, std::size_t size, Chunk* out);
+  // Physical memory another process exported as a POSIX fd (the caller keeps
+  // `fd`); `size` is the size the exporter made it with.
+  static CUresult import(const Driver& driver, int fd, std::size_t size, Chunk* out);
 
   CUmemGenericAllocationHandle handle() const { return id_; }
+  // A POSIX fd for this chunk (close-on-exec), for another process to import;
+  // the caller closes it.
+  CUresult export_fd(int* fd) const;
 
  private:
   using Owned::Owned;
@@ -63,14 +69,19 @@ class Reservation : public Owned {
 
   CUdeviceptr base() const { return id_; }
 
-  // Maps `chunk` at `offset` and gives `device` read-write access to it.
-  CUresult map(std::size_t offset, const Chunk& chunk, int device) const;
+  // Maps `chunk` at `offset` and gives `device` read-write access to it (read
+  // only with `read_only`: a kernel write through it is an illegal address).
+  CUresult map(std::size_t offset, const Chunk& chunk, int device, bool read_only = false) const;
   // Unmaps everything mapped in [offset, offset + size).
   CUresult unmap(std::size_t offset, std::size_t size) const;
 
  private:
   using Owned::Owned;
 };
+
+// A POSIX fd (close-on-exec) for the physical memory behind `handle`, for
+// another process to import; the caller closes it.
+CUresult export_fd(const Driver& driver, CUmemGenericAllocationHandle handle, int* fd);
 
 // The device's allocation granularity for pinned device memory.
 CUresult granularity(const Driver& driver, int device, std::size_t* out);

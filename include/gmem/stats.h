@@ -48,7 +48,11 @@
   X(oom_releases, "times the driver was out of memory and the pool released cached memory")       \
   X(device_bytes, "live bytes placed in this device's memory")                                    \
   X(host_bytes, "live bytes of this device's allocations spilled to pinned host memory")          \
-  X(peer_bytes, "live bytes of this device's allocations spilled to a peer GPU's memory")
+  X(peer_bytes, "live bytes of this device's allocations spilled to a peer GPU's memory")         \
+  X(dedup_marked_bytes, "live bytes marked read-only and offered for sharing (dedup), mapped "    \
+                        "read-only")                                                              \
+  X(dedup_shared_bytes, "live bytes mapped onto a copy another process made (dedup): device "     \
+                        "memory this process saves")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };

@@ -197,7 +197,7 @@ TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {
   EXPECT_NE(r.err.find("gmem: report device   allocs=33 frees=33 "), std::string::npos) << r.err;
 }
 
-TEST(Exports, ExactlyTheToolkitsDriverFunctions) {
+TEST(Exports, ExactlyTheToolkitsDriverFunctionsAndTheDedupApi) {
   auto names = [](const std::string& lib) {
     Result r = run({"/bin/sh", "-c", "nm -D --defined-only " + lib + " | awk '{print $3}' | sort"}, {});
     EXPECT_EQ(r.status, 0) << r.err;
@@ -205,7 +205,15 @@ TEST(Exports, ExactlyTheToolkitsDriverFunctions) {
   };
   std::string ours = names(shim), toolkit = names(GMEM_TOOLKIT_STUB);
   EXPECT_GT(std::count(toolkit.begin(), toolkit.end(), '\n'), 600);
-  EXPECT_EQ(ours, toolkit);
+  // ... and gmem's own C API: the functions include/gmem/dedup.h declares GMEM_API.
+  Result api = run({"/bin/sh", "-c",
+                    "{ nm -D --defined-only " + std::string(GMEM_TOOLKIT_STUB) + " | awk '{print $3}'; "
+                    "grep -o 'GMEM_API [^(]*' " GMEM_DEDUP_HEADER " | grep -o 'gmem_[a-z_0-9]*$'; } | sort"},
+                   {});
+  ASSERT_EQ(api.status, 0) << api.err;
+  EXPECT_NE(api.out.find("gmem_dedup_mark\n"), std::string::npos) << api.out;
+  EXPECT_EQ(std::count(api.out.begin(), api.out.end(), '\n'), std::count(toolkit.begin(), toolkit.end(), '\n') + 4);
+  EXPECT_EQ(ours, api.out);
 }
 
 }  // namespace
