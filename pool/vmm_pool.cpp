@@ -548,6 +548,9 @@ CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared)
   publish(range->device, GMEM_STAT_mappings, int64_t(shared.size()) - int64_t(range->chunks.size()));
   publish(range->device, GMEM_STAT_stitched_ranges, int64_t(shared.size() > 1) - int64_t(range->chunks.size() > 1));
   std::swap(range->chunks, shared);
+  // The chunks it was on: its own go back to the driver; shared ones (a range
+  // that moves from one shared copy to another) are only released.
+  if (!shared_ranges_.insert(base).second) return CUDA_SUCCESS;
   for (auto& c : shared) drop_chunk(range->device, std::move(c));
   publish_free_figures(range->device);
   return CUDA_SUCCESS;
@@ -592,7 +595,12 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   }
   publish(device, GMEM_STAT_mappings, int64_t(own.size()) - int64_t(range->chunks.size()));
   publish(device, GMEM_STAT_stitched_ranges, int64_t(own.size() > 1) - int64_t(range->chunks.size() > 1));
-  std::swap(range->chunks, own);  // the shared chunks are released as `own` goes
+  std::swap(range->chunks, own);
+  // Shared chunks are released as `own` goes; own ones (a range that was not
+  // shared) go back to the driver.
+  if (!shared_ranges_.erase(base)) {
+    for (auto& c : own) drop_chunk(device, std::move(c));
+  }
   publish_free_figures(device);
   return CUDA_SUCCESS;
 }

@@ -202,6 +202,10 @@ class VmmPool {
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
   std::map<int, Device> devices_;
   std::unordered_map<CUcontext, std::vector<CUevent>> events_;  // unused events, by context
+
+  // ---- Dedup: ranges mapped on shared chunks, which the pool does not count
+  // as its own (never in reserved_bytes, never given back with drop_chunk). ----
+  std::set<CUdeviceptr> shared_ranges_;
 };
 
 }  // namespace gmem::pool
