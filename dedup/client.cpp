@@ -18,7 +18,6 @@ namespace {
 
 thread_local int last_error = CUDA_SUCCESS;
 constexpr int reply_timeout_ms = 30000;
-constexpr std::size_t compare_piece = 8 << 20;
 
 // Adds [start, end) to disjoint intervals; true when they then cover [0, size).
 bool add_interval(std::map<std::size_t, std::size_t>& marks, std::size_t start, std::size_t end, std::size_t size) {
@@ -31,21 +30,6 @@ bool add_interval(std::map<std::size_t, std::size_t>& marks, std::size_t start, 
   }
   marks.emplace(start, end);
   return marks.size() == 1 && marks.begin()->first == 0 && marks.begin()->second >= size;
-}
-
-// Whether [a, a + size) and [b, b + size) of device memory hold the same bytes.
-CUresult same_bytes(const vmm::Driver& driver, CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal) {
-  std::unique_ptr<unsigned char[]> x(new (std::nothrow) unsigned char[compare_piece]);
-  std::unique_ptr<unsigned char[]> y(new (std::nothrow) unsigned char[compare_piece]);
-  if (!x || !y) return CUDA_ERROR_OUT_OF_MEMORY;
-  *equal = true;
-  for (std::size_t at = 0; at < size && *equal; at += compare_piece) {
-    const std::size_t n = std::min(compare_piece, size - at);
-    if (CUresult status = driver.cuMemcpyDtoH_v2(x.get(), a + at, n)) return status;
-    if (CUresult status = driver.cuMemcpyDtoH_v2(y.get(), b + at, n)) return status;
-    *equal = std::memcmp(x.get(), y.get(), n) == 0;
-  }
-  return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -223,7 +207,7 @@ int Client::consider(CUdeviceptr base, Marked& m, const wire::Message& candidate
     status = staging.map(mapped, theirs[i], m.device, true);
   }
   bool equal = false;
-  if (status == CUDA_SUCCESS) status = same_bytes(driver_, staging.base(), base, m.size, &equal);
+  if (status == CUDA_SUCCESS) status = hasher_.same_bytes(staging.base(), base, m.size, &equal);
   if (mapped) staging.unmap(0, mapped);
   if (status != CUDA_SUCCESS) return driver_error(status);
   if (!equal) return GMEM_DEDUP_OK;

@@ -1,5 +1,6 @@
 #include "dedup/hash.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -48,25 +49,28 @@ uint64_t hash_cpu(const void* data, std::size_t size) {
 
 bool kernel_embedded() { return gmem_dedup_kernel_image_size > 0; }
 
-CUfunction DeviceHasher::kernel() {
+DeviceHasher::Kernels DeviceHasher::kernels() {
   CUcontext context = nullptr;
-  if (!driver_.cuCtxGetCurrent || driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS || !context) return nullptr;
+  if (!driver_.cuCtxGetCurrent || driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS || !context) return {};
   std::lock_guard lock(mutex_);
-  auto [it, fresh] = kernels_.try_emplace(context, nullptr);
+  auto [it, fresh] = kernels_.try_emplace(context);
   if (!fresh) return it->second;
   // One try per context: the emulator, or a GPU that can run neither the
-  // embedded SASS nor JIT its PTX, hash on the host from then on.
+  // embedded SASS nor JIT its PTX, work on the host from then on.
   CUmodule module = nullptr;
   if (kernel_embedded() && driver_.cuModuleLoadData && driver_.cuModuleGetFunction && driver_.cuLaunchKernel &&
       driver_.cuModuleLoadData(&module, gmem_dedup_kernel_image) == CUDA_SUCCESS) {
-    CUfunction f = nullptr;
-    if (driver_.cuModuleGetFunction(&f, module, "gmem_dedup_hash_blocks") == CUDA_SUCCESS) it->second = f;
+    Kernels k;
+    if (driver_.cuModuleGetFunction(&k.hash, module, "gmem_dedup_hash_blocks") == CUDA_SUCCESS &&
+        driver_.cuModuleGetFunction(&k.compare, module, "gmem_dedup_compare") == CUDA_SUCCESS) {
+      it->second = k;
+    }
   }
   return it->second;
 }
 
 CUresult DeviceHasher::launch_blocks(CUdeviceptr ptr, std::size_t size, CUdeviceptr out, CUstream stream) {
-  CUfunction f = kernel();
+  CUfunction f = kernels().hash;
   if (!f) return CUDA_ERROR_NOT_SUPPORTED;
   if (ptr % 8 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   const std::size_t blocks = block_count(size);
@@ -88,7 +92,7 @@ CUresult DeviceHasher::hash_on_host(CUdeviceptr ptr, std::size_t size, uint64_t*
 
 CUresult DeviceHasher::hash(CUdeviceptr ptr, std::size_t size, uint64_t* out, Path* path) {
   if (!out) return CUDA_ERROR_INVALID_VALUE;
-  if (size == 0 || ptr % 8 || !kernel()) {
+  if (size == 0 || ptr % 8 || !kernels().hash) {
     if (path) *path = Path::cpu;
     return hash_on_host(ptr, size, out);
   }
@@ -102,6 +106,45 @@ CUresult DeviceHasher::hash(CUdeviceptr ptr, std::size_t size, uint64_t* out, Pa
   if (status == CUDA_SUCCESS) status = driver_.cuMemcpyDtoH_v2(host.data(), hashes, blocks * 8);
   driver_.cuMemFree_v2(hashes);
   if (status == CUDA_SUCCESS) *out = fold_blocks(size, host.data(), blocks);
+  return status;
+}
+
+CUresult DeviceHasher::same_bytes_on_host(CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal) {
+  constexpr std::size_t piece = 8 << 20;
+  std::unique_ptr<unsigned char[]> x(new (std::nothrow) unsigned char[piece]);
+  std::unique_ptr<unsigned char[]> y(new (std::nothrow) unsigned char[piece]);
+  if (!x || !y) return CUDA_ERROR_OUT_OF_MEMORY;
+  *equal = true;
+  for (std::size_t at = 0; at < size && *equal; at += piece) {
+    const std::size_t n = std::min(piece, size - at);
+    if (CUresult status = driver_.cuMemcpyDtoH_v2(x.get(), a + at, n)) return status;
+    if (CUresult status = driver_.cuMemcpyDtoH_v2(y.get(), b + at, n)) return status;
+    *equal = std::memcmp(x.get(), y.get(), n) == 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult DeviceHasher::same_bytes(CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal, Path* path) {
+  if (!equal) return CUDA_ERROR_INVALID_VALUE;
+  CUfunction f = kernels().compare;
+  if (!f || a % 8 || b % 8 || size == 0) {
+    if (path) *path = Path::cpu;
+    return same_bytes_on_host(a, b, size, equal);
+  }
+  if (path) *path = Path::gpu;
+  CUdeviceptr flag = 0;
+  if (CUresult status = driver_.cuMemAlloc_v2(&flag, sizeof(unsigned))) return status;
+  unsigned differ = 0;
+  // The flag starts at 0: a 4-byte copy from the host (the legacy stream orders it).
+  CUresult status = driver_.cuMemcpyHtoD_v2(flag, &differ, sizeof differ);
+  unsigned long long bytes = size;
+  void* args[] = {&a, &b, &bytes, &flag};
+  // Enough blocks to fill any GPU; each thread loops over the rest.
+  const unsigned blocks = unsigned(std::min<std::size_t>(4096, (size / 16 + fn::lanes - 1) / fn::lanes + 1));
+  if (status == CUDA_SUCCESS) status = driver_.cuLaunchKernel(f, blocks, 1, 1, fn::lanes, 1, 1, 0, nullptr, args, nullptr);
+  if (status == CUDA_SUCCESS) status = driver_.cuMemcpyDtoH_v2(&differ, flag, sizeof differ);
+  driver_.cuMemFree_v2(flag);
+  if (status == CUDA_SUCCESS) *equal = differ == 0;
   return status;
 }
 

@@ -1,8 +1,10 @@
-// Content hashes of device memory for dedup (the function: hash_function.h).
-// On a GPU a kernel embedded in the shim computes the block hashes; where its
-// module does not load (the emulated driver has no cuModuleLoadData, or an
-// unsupported GPU), the content is copied to the host and the CPU reference
-// computes the same value.
+// Content hashes and comparisons of device memory for dedup (the hash
+// function: hash_function.h). On a GPU, kernels embedded in the shim compute
+// the block hashes and compare; where their module does not load (the
+// emulated driver has no cuModuleLoadData, or an unsupported GPU), the content
+// is copied to the host and the CPU reference computes the same value (and
+// memcmp compares). The path is chosen by whether the module loads, once per
+// context; there is no other switch.
 #pragma once
 
 #include <cuda.h>
@@ -42,14 +44,21 @@ class DeviceHasher {
   CUresult launch_blocks(CUdeviceptr ptr, std::size_t size, CUdeviceptr out, CUstream stream);
   // The CPU path alone: a copy to the host, then hash_cpu.
   CUresult hash_on_host(CUdeviceptr ptr, std::size_t size, uint64_t* out);
+  // Whether [a, a + size) and [b, b + size) hold the same bytes, in the
+  // current context, after all work on the legacy default stream.
+  CUresult same_bytes(CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal, Path* path = nullptr);
 
  private:
-  // The kernel in the current context; null where it does not load.
-  CUfunction kernel();
+  struct Kernels {
+    CUfunction hash = nullptr, compare = nullptr;
+  };
+  // The kernels in the current context; null where they do not load.
+  Kernels kernels();
+  CUresult same_bytes_on_host(CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal);
 
   const vmm::Driver& driver_;
   std::mutex mutex_;
-  std::unordered_map<CUcontext, CUfunction> kernels_;  // null: tried, does not load
+  std::unordered_map<CUcontext, Kernels> kernels_;  // nulls: tried, does not load
 };
 
 }  // namespace gmem::dedup

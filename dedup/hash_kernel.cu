@@ -1,5 +1,5 @@
-// The content hash of gmem's dedup on the GPU: one thread block of 256 threads
-// per 64 KiB block of content. dedup/hash.h defines the function; hash.cpp's
+// Dedup's kernels: the content hash (one thread block of 256 threads per 64 KiB
+// block of content) and the byte-for-byte comparison. dedup/hash.h defines the function; hash.cpp's
 // CPU reference computes exactly the same. Compiled by nvcc at build time and
 // embedded into the shim (dedup/meson.build).
 #include <stdint.h>
@@ -59,4 +59,23 @@ extern "C" __global__ void __launch_bounds__(256) gmem_dedup_hash_blocks(const u
     }
     if (lane == 0) out[blockIdx.x] = h;
   }
+}
+
+// *differ becomes 1 if [a, a + size) and [b, b + size) differ anywhere (both
+// 8-byte aligned); dedup compares candidates byte for byte with it before a
+// merge. A grid-stride loop over 16-byte pairs; the tail byte by byte.
+extern "C" __global__ void __launch_bounds__(256) gmem_dedup_compare(const unsigned char* a, const unsigned char* b,
+                                                                    unsigned long long size, unsigned int* differ) {
+  const uint64_t pairs = size / 16;
+  const ulonglong2* x = reinterpret_cast<const ulonglong2*>(a);
+  const ulonglong2* y = reinterpret_cast<const ulonglong2*>(b);
+  bool same = true;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += uint64_t(gridDim.x) * blockDim.x) {
+    const ulonglong2 u = __ldg(x + i), v = __ldg(y + i);
+    same &= (u.x == v.x) & (u.y == v.y);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (uint64_t i = pairs * 16; i < size; ++i) same &= a[i] == b[i];
+  }
+  if (__syncthreads_or(!same) && threadIdx.x == 0) *differ = 1;
 }

@@ -49,6 +49,7 @@ namespace gmem::vmm {
   X(cuMemPoolSetAttribute, cuMemPoolSetAttribute)               \
   X(cuMemPoolTrimTo, cuMemPoolTrimTo)                           \
   X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2)                           \
+  X(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2)                           \
   X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2)                           \
   X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
   X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle) \

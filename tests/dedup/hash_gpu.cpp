@@ -1,7 +1,8 @@
 // The dedup hash kernel on a real GPU, through the real driver (no shim):
 //   dedup-hash-check [LIBCUDA]       GPU hash == CPU reference on random buffers
 //                                    of many sizes (odd ones too); a flipped
-//                                    byte changes the hash
+//                                    byte changes the hash; the GPU comparison
+//                                    finds equal copies equal and that byte
 //   bench-dedup-hash [SHIM] [LIBCUDA]  BENCH dedup_hash_gpu, next to the
 //                                    device-to-device copy bandwidth of the same run
 // Exit 77 (skipped) where the kernel cannot run: no GPU, or the emulated driver.
@@ -58,8 +59,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
                                     (2 << 20) - 1, (17 << 20) + 5, 64 << 20};
   for (int i = 0; i < 24; ++i) sizes.push_back(1 + rng() % (48 << 20));
   const std::size_t most = 64 << 20;
-  CUdeviceptr buffer = 0;
+  CUdeviceptr buffer = 0, copy = 0;
   CHECK(r.d.cuMemAlloc_v2(&buffer, most));
+  CHECK(r.d.cuMemAlloc_v2(&copy, most));
   std::vector<unsigned char> host(most);
   int failures = 0;
   for (std::size_t size : sizes) {
@@ -68,6 +70,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
       std::memcpy(&host[i], &w, std::min<std::size_t>(8, size - i));
     }
     CHECK(r.htod(buffer, host.data(), size));
+    CHECK(r.d.cuMemcpyDtoD_v2(copy, buffer, size));
     uint64_t gpu = 0;
     DeviceHasher::Path path = DeviceHasher::Path::cpu;
     CHECK(hasher.hash(buffer, size, &gpu, &path));
@@ -78,12 +81,20 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
     CHECK(r.htod(buffer + at, &flipped, 1));
     uint64_t changed = 0;
     CHECK(hasher.hash(buffer, size, &changed));
-    const bool ok = path == DeviceHasher::Path::gpu && gpu == cpu && changed != gpu;
+    // The comparison: the copy differs from the buffer in that byte only.
+    bool same_before = false, same_after = true;
+    DeviceHasher::Path compare_path = DeviceHasher::Path::cpu;
+    CHECK(hasher.same_bytes(copy, copy, size, &same_before, &compare_path));
+    CHECK(hasher.same_bytes(buffer, copy, size, &same_after));
+    const bool ok = path == DeviceHasher::Path::gpu && gpu == cpu && changed != gpu &&
+                    compare_path == DeviceHasher::Path::gpu && same_before && !same_after;
     failures += !ok;
-    std::printf("%s size=%zu gpu=%016llx cpu=%016llx byte %zu flipped=%016llx\n", ok ? "ok  " : "FAIL", size,
-                (unsigned long long)gpu, (unsigned long long)cpu, at, (unsigned long long)changed);
+    std::printf("%s size=%zu gpu=%016llx cpu=%016llx byte %zu flipped=%016llx compare: self %d, flipped %d\n",
+                ok ? "ok  " : "FAIL", size, (unsigned long long)gpu, (unsigned long long)cpu, at,
+                (unsigned long long)changed, same_before, same_after);
   }
   r.d.cuMemFree_v2(buffer);
+  r.d.cuMemFree_v2(copy);
   std::printf("dedup-hash-check: %zu sizes, %d failed\n", sizes.size(), failures);
   return failures ? 1 : 0;
 }
@@ -106,6 +117,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   for (int i = 0; i < rounds; ++i) CHECK(r.d.cuMemcpyDtoD_v2(b, a, size));
   CHECK(r.d.cuCtxSynchronize());
   const double copy_s = seconds_since(t) / rounds;
+  bool equal = false;
+  t = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) CHECK(hasher.same_bytes(a, b, size, &equal));
+  const double compare_s = seconds_since(t) / 5;
+  if (!equal) {
+    std::fprintf(stderr, "bench-dedup-hash: a copy compares different\n");
+    return 1;
+  }
   // The whole call as the shim makes it: launch, copy the block hashes back, fold.
   uint64_t h = 0;
   t = std::chrono::steady_clock::now();
@@ -113,6 +132,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   const double call_s = seconds_since(t) / 5;
   std::printf("BENCH dedup_hash_gpu %.0f GB/s\n", size / hash_s / 1e9);
   std::printf("BENCH dedup_hash_gpu_call_1GiB %.0f GB/s\n", size / call_s / 1e9);
+  std::printf("BENCH dedup_compare_gpu_1GiB %.0f GB/s\n", size / compare_s / 1e9);  // bytes of each side
   // The native figure: a copy reads and writes each byte; this is bytes copied per second.
   std::printf("BENCH dedup_hash_gpu_native_dtod_copy %.0f GB/s\n", size / copy_s / 1e9);
   return 0;

@@ -98,6 +98,19 @@ TEST(DedupHash, EmulatorHashesOnTheHost) {
   EXPECT_EQ(path, gmem::dedup::DeviceHasher::Path::cpu);
   EXPECT_EQ(h, hash_cpu(data.data(), data.size()));
   EXPECT_EQ(hasher.launch_blocks(ptr, data.size(), 0, nullptr), CUDA_ERROR_NOT_SUPPORTED);
+  // Comparison on the host: equal to itself, different from a copy with one byte changed.
+  CUdeviceptr other = 0;
+  ASSERT_EQ(d.cuMemAlloc_v2(&other, data.size()), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemcpyDtoD_v2(other, ptr, data.size()), CUDA_SUCCESS);
+  bool equal = false;
+  ASSERT_EQ(hasher.same_bytes(ptr, other, data.size(), &equal, &path), CUDA_SUCCESS);
+  EXPECT_TRUE(equal);
+  EXPECT_EQ(path, gmem::dedup::DeviceHasher::Path::cpu);
+  unsigned char last = static_cast<unsigned char>(data.back() ^ 1);
+  ASSERT_EQ(htod(other + data.size() - 1, &last, 1), CUDA_SUCCESS);
+  ASSERT_EQ(hasher.same_bytes(ptr, other, data.size(), &equal), CUDA_SUCCESS);
+  EXPECT_FALSE(equal);
+  EXPECT_EQ(d.cuMemFree_v2(other), CUDA_SUCCESS);
   EXPECT_EQ(d.cuMemFree_v2(ptr), CUDA_SUCCESS);
 }
 
