@@ -144,7 +144,7 @@ int Client::offer(CUdeviceptr base, Marked& m) {
     status = vmm::Chunk::import(driver_, fds[i], chunks[i].size, &c);
     own.push_back(std::move(c));
   }
-  if (status == CUDA_SUCCESS) status = pool_.adopt_shared(base, std::move(own));
+  if (status == CUDA_SUCCESS) status = pool_.adopt_shared(base, std::move(own), true);
   if (status != CUDA_SUCCESS) {
     wire::close_all(fds);
     return driver_error(status);

@@ -533,7 +533,7 @@ static CUresult map_all(const vmm::Reservation& va, const std::vector<vmm::Chunk
   return CUDA_SUCCESS;
 }
 
-CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared) {
+CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory) {
   std::lock_guard lock(mutex_);
   Range* range = live_whole_range(ranges_, base);
   if (!range) return CUDA_ERROR_INVALID_VALUE;
@@ -542,16 +542,20 @@ CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared)
   if (total != range->va.size() || shared.empty()) return CUDA_ERROR_INVALID_VALUE;
   range->va.unmap(0, range->va.size());
   if (CUresult status = map_all(range->va, shared, range->device, true)) {
-    map_all(range->va, range->chunks, range->device, false);
+    map_all(range->va, range->chunks, range->device, shared_ranges_.count(base) > 0);  // as it was
     return status;
   }
   publish(range->device, GMEM_STAT_mappings, int64_t(shared.size()) - int64_t(range->chunks.size()));
   publish(range->device, GMEM_STAT_stitched_ranges, int64_t(shared.size() > 1) - int64_t(range->chunks.size() > 1));
   std::swap(range->chunks, shared);
-  // The chunks it was on: its own go back to the driver; shared ones (a range
-  // that moves from one shared copy to another) are only released.
-  if (!shared_ranges_.insert(base).second) return CUDA_SUCCESS;
-  for (auto& c : shared) drop_chunk(range->device, std::move(c));
+  // The chunks it was on: counted ones go back to the driver, unless the new
+  // chunks are the same memory; another process's are only released.
+  auto it = shared_ranges_.try_emplace(base, true).first;  // new: its own, counted
+  const bool counted = it->second;
+  it->second = own_memory;
+  if (counted && !own_memory) {
+    for (auto& c : shared) drop_chunk(range->device, std::move(c));
+  }
   publish_free_figures(range->device);
   return CUDA_SUCCESS;
 }
@@ -596,11 +600,12 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   publish(device, GMEM_STAT_mappings, int64_t(own.size()) - int64_t(range->chunks.size()));
   publish(device, GMEM_STAT_stitched_ranges, int64_t(own.size() > 1) - int64_t(range->chunks.size() > 1));
   std::swap(range->chunks, own);
-  // Shared chunks are released as `own` goes; own ones (a range that was not
-  // shared) go back to the driver.
-  if (!shared_ranges_.erase(base)) {
+  // The chunks it was on go as `own` goes: counted ones are given back.
+  auto shared = shared_ranges_.find(base);
+  if (shared == shared_ranges_.end() || shared->second) {
     for (auto& c : own) drop_chunk(device, std::move(c));
   }
+  if (shared != shared_ranges_.end()) shared_ranges_.erase(shared);
   publish_free_figures(device);
   return CUDA_SUCCESS;
 }

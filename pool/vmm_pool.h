@@ -104,10 +104,13 @@ class VmmPool {
                               int* device) const;
   // Remaps that allocation onto `shared` (imported chunks whose sizes add up
   // to its range), read-only for its device; its own chunks go back to the
-  // driver (the point of sharing). On failure nothing changed. Guarantee: the
-  // shared chunks are never cached, loosened or handed to another allocation;
-  // the caller calls make_private before the allocation is freed.
-  CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared);
+  // driver (the point of sharing). `own_memory`: `shared` is this process's
+  // own memory (its chunks exported and imported back, to be offered): it
+  // stays counted in reserved_bytes and nothing goes back. On failure nothing
+  // changed. Guarantee: the shared chunks are never cached, loosened or handed
+  // to another allocation; the caller calls make_private before the
+  // allocation is freed.
+  CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory = false);
   // Remaps that allocation onto memory of the pool's own (held or new),
   // read-write, with its content copied over first when `copy`; the chunks it
   // was mapped on are released (for shared ones: this process's reference).
@@ -203,9 +206,10 @@ class VmmPool {
   std::map<int, Device> devices_;
   std::unordered_map<CUcontext, std::vector<CUevent>> events_;  // unused events, by context
 
-  // ---- Dedup: ranges mapped on shared chunks, which the pool does not count
-  // as its own (never in reserved_bytes, never given back with drop_chunk). ----
-  std::set<CUdeviceptr> shared_ranges_;
+  // ---- Dedup: ranges mapped on imported chunks. Another process's memory is
+  // not counted in reserved_bytes (never given back with drop_chunk); the
+  // process's own, imported back to be offered, is. ----
+  std::map<CUdeviceptr, bool> shared_ranges_;  // base -> whether its chunks are counted as the pool's
 };
 
 }  // namespace gmem::pool

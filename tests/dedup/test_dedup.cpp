@@ -127,6 +127,8 @@ TEST_F(Dedup, IdenticalContentIsStoredOnceAndDifferentContentIsNot) {
   EXPECT_EQ(fa.dedup_shared_bytes(), 0u);
   EXPECT_EQ(fa.dedup_marked_bytes(), size);
   EXPECT_EQ(fb.reserved_bytes(), 0u) << "b holds no physical chunk of its own";
+  EXPECT_EQ(fa.reserved_bytes(), range) << "a's copy is still a's";
+  EXPECT_EQ(figures(jc).reserved_bytes(), range);
   EXPECT_EQ(fb.in_use_bytes(), size);
   auto table = ctl({"stats"});
   EXPECT_NE(table.out.find("DEDUP SAVED"), std::string::npos) << table.out;
