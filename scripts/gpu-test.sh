@@ -310,6 +310,10 @@ step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm "$carry/stitch"
 # is .carry/bench/bench-dedup-hash (BENCH dedup_hash_gpu, goal >= 1000 GB/s).
 step dedup-hash-check 120 "$carry/dedup-hash-check" "$real"
 step dedup-merge 120 dedup_merge
+# Replicas of a torch inference job holding the same 1 GiB of weights: GPU
+# memory natively, under pool:vmm, under dedup; outputs identical (BENCH
+# dedup_replicas_N_*; goal: weight_copies_saved = N - 1).
+step dedup-replicas 300 python3 tests/gpu/dedup_replicas.py --shim "$shim" --gmemd "$carry/bin/gmemd" --replicas 2 4
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix
