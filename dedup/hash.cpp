@@ -127,7 +127,7 @@ CUresult DeviceHasher::same_bytes_on_host(CUdeviceptr a, CUdeviceptr b, std::siz
 CUresult DeviceHasher::same_bytes(CUdeviceptr a, CUdeviceptr b, std::size_t size, bool* equal, Path* path) {
   if (!equal) return CUDA_ERROR_INVALID_VALUE;
   CUfunction f = kernels().compare;
-  if (!f || a % 8 || b % 8 || size == 0) {
+  if (!f || a % 16 || b % 16 || size == 0) {  // the kernel loads 16 bytes at a time
     if (path) *path = Path::cpu;
     return same_bytes_on_host(a, b, size, equal);
   }

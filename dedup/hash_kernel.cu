@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(256) gmem_dedup_hash_blocks(const u
 }
 
 // *differ becomes 1 if [a, a + size) and [b, b + size) differ anywhere (both
-// 8-byte aligned); dedup compares candidates byte for byte with it before a
+// 16-byte aligned); dedup compares candidates byte for byte with it before a
 // merge. A grid-stride loop over 16-byte pairs; the tail byte by byte.
 extern "C" __global__ void __launch_bounds__(256) gmem_dedup_compare(const unsigned char* a, const unsigned char* b,
                                                                     unsigned long long size, unsigned int* differ) {
