@@ -90,8 +90,10 @@ class Dedup : public Gmemd {
   }
   // This process's published dedup figures on device 0, from gmemctl (the broker's gmemd: same stats).
   v1::DeviceStats figures(const Background& job) {
-    auto stats = ctl({"stats", pid_of(job), "--json"});
-    EXPECT_EQ(stats.status, 0) << stats.err;
+    // gmemd may have seen the stats file before it was complete: it answers
+    // "still creating" until its next scan.
+    Finished stats;
+    EXPECT_TRUE(eventually([&] { return (stats = ctl({"stats", pid_of(job), "--json"})).status == 0; })) << stats.err;
     auto response = parse<v1::GetStatsResponse>(stats.out);
     if (response.processes_size() != 1 || response.processes(0).devices_size() < 1) return {};
     return response.processes(0).devices(0);
@@ -130,7 +132,8 @@ TEST_F(Dedup, IdenticalContentIsStoredOnceAndDifferentContentIsNot) {
   EXPECT_EQ(fa.reserved_bytes(), range) << "a's copy is still a's";
   EXPECT_EQ(figures(jc).reserved_bytes(), range);
   EXPECT_EQ(fb.in_use_bytes(), size);
-  auto table = ctl({"stats"});
+  Finished table;
+  eventually([&] { return (table = ctl({"stats"})).out.find("dedup-job") != std::string::npos; });
   EXPECT_NE(table.out.find("DEDUP SAVED"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("mapped on another process's copy (saved)"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("8.0 MiB mapped on another"), std::string::npos) << table.out;
