@@ -107,9 +107,9 @@ class VmmPool {
   // driver (the point of sharing). `own_memory`: `shared` is this process's
   // own memory (its chunks exported and imported back, to be offered): it
   // stays counted in reserved_bytes and nothing goes back. On failure nothing
-  // changed. Guarantee: the shared chunks are never cached, loosened or handed
-  // to another allocation; the caller calls make_private before the
-  // allocation is freed.
+  // changed. The pool itself never caches, loosens or hands out a range in
+  // this state: the caller must call make_private before the allocation is
+  // freed (dedup does, from Pool's FreeObserver).
   CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory = false);
   // Remaps that allocation onto memory of the pool's own (held or new),
   // read-write, with its content copied over first when `copy`; the chunks it
