@@ -25,7 +25,7 @@ ino_t namespace_of(pid_t pid, const char* which) {
 
 }  // namespace
 
-std::unique_ptr<Broker> Broker::bind(const std::string& path, std::string* problem) {
+std::unique_ptr<Broker> Broker::bind(const std::string& path, std::string* problem, bool any_namespace) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path) {
@@ -63,7 +63,7 @@ std::unique_ptr<Broker> Broker::bind(const std::string& path, std::string* probl
   // Root serves every user (each in its own group); a user's broker only them.
   chmod(path.c_str(), geteuid() == 0 ? 0666 : 0600);
   int stop = eventfd(0, EFD_CLOEXEC);
-  return std::unique_ptr<Broker>(new Broker(fd, stop, path));
+  return std::unique_ptr<Broker>(new Broker(fd, stop, path, any_namespace));
 }
 
 Broker::~Broker() {
@@ -121,7 +121,12 @@ void Broker::accept_one() {
     close(fd);  // another user: refused
     return;
   }
-  connections_[fd] = Connection{Group{peer.uid, namespace_of(peer.pid, "user"), namespace_of(peer.pid, "pid")}, {}};
+  Group group{peer.uid, 0, 0};
+  if (!any_namespace_) {
+    group.user_ns = namespace_of(peer.pid, "user");
+    group.pid_ns = namespace_of(peer.pid, "pid");
+  }
+  connections_[fd] = Connection{group, {}};
 }
 
 bool Broker::handle(int fd, Connection& c, wire::Message& m, std::vector<int>& fds) {

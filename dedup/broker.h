@@ -30,7 +30,9 @@ class Broker {
  public:
   // Listens on `path` (mode 0666 when run by root, who serves every user;
   // 0600 otherwise); nullptr with `problem` set when it cannot.
-  static std::unique_ptr<Broker> bind(const std::string& path, std::string* problem);
+  // `any_namespace`: processes of one uid meet whatever their user and pid
+  // namespaces (containers of one user sharing a GPU); off by default.
+  static std::unique_ptr<Broker> bind(const std::string& path, std::string* problem, bool any_namespace = false);
   ~Broker();  // stops and removes the socket
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
@@ -65,7 +67,8 @@ class Broker {
     std::unique_ptr<Offer> offer;
   };
 
-  Broker(int listen_fd, int stop_fd, std::string path) : listen_(listen_fd), stop_(stop_fd), path_(std::move(path)) {}
+  Broker(int listen_fd, int stop_fd, std::string path, bool any_namespace)
+      : listen_(listen_fd), stop_(stop_fd), path_(std::move(path)), any_namespace_(any_namespace) {}
   void serve();
   void accept_one();
   // False: drop the connection.
@@ -78,6 +81,7 @@ class Broker {
 
   int listen_, stop_;
   std::string path_;
+  const bool any_namespace_;
   std::thread thread_;
   std::map<int, Connection> connections_;
   std::map<uint64_t, Entry> entries_;

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
   std::string dedup_socket;
   app.add_flag("--dedup", dedup, "also serve the dedup broker (docs/dedup.md) on " + gmem::dedup::wire::default_socket_path());
   app.add_option("--dedup-socket", dedup_socket, "serve the dedup broker on this unix socket (GMEM_CONF dedup_socket)");
+  bool dedup_any_namespace = false;
+  app.add_flag("--dedup-any-namespace", dedup_any_namespace,
+               "let processes of one uid share memory across user and pid namespaces (containers); off: only within one");
   app.add_option("--sweep-interval", sweep_seconds, "seconds between sweeps of dead processes' files")
       ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
@@ -103,7 +106,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<gmem::dedup::Broker> broker;
   if (dedup || !dedup_socket.empty()) {
     if (dedup_socket.empty()) dedup_socket = gmem::dedup::wire::default_socket_path();
-    broker = gmem::dedup::Broker::bind(dedup_socket, &problem);
+    broker = gmem::dedup::Broker::bind(dedup_socket, &problem, dedup_any_namespace);
     if (!broker) {
       fprintf(stderr, "gmemd: %s\n", problem.c_str());
       server->Shutdown();

@@ -232,6 +232,25 @@ TEST_F(Dedup, AnotherUsersProcessNeverMatches) {
   EXPECT_EQ(ask(jb, "check"), "check ok");
 }
 
+// A job in a pid namespace of its own (a container of the same user): kept
+// apart by default, matched with --dedup-any-namespace.
+TEST_F(Dedup, OtherNamespacesMeetOnlyWhenAllowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "unshare --pid needs root";
+  std::vector<std::string> contained = {"unshare", "--pid", "--fork", "--kill-child"};
+  Job a, b, c;
+  start(11, {}, {}, &a);
+  start(11, {}, contained, &b);
+  EXPECT_EQ(b.mark, GMEM_DEDUP_OK);
+  EXPECT_EQ(b.state, GMEM_DEDUP_MARKED);
+  // A broker that lets namespaces meet.
+  EXPECT_EQ(broker_->stop(SIGTERM), 0);
+  broker_ = start_daemon(root_ + "/gmemd-dedup.sock", stats_, root_ + "/broker.log",
+                         {"--dedup-socket", dedup_socket_, "--dedup-any-namespace"});
+  start(11, {}, {}, &a);
+  start(11, {}, contained, &c);
+  EXPECT_EQ(c.state, GMEM_DEDUP_SHARED);
+}
+
 TEST_F(Dedup, WithoutABrokerMarkedMemoryStaysPrivate) {
   broker_->stop(SIGTERM);
   broker_.reset();
