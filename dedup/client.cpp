@@ -159,7 +159,6 @@ int Client::offer(CUdeviceptr base, Marked& m) {
     if (reply.type == wire::Type::kept || reply.type == wire::Type::joined) {
       wire::close_all(received);
       m.entry = reply.token;
-      m.joined = reply.type == wire::Type::joined;
       publish(m, +1);
       return GMEM_DEDUP_OK;
     }
@@ -169,6 +168,7 @@ int Client::offer(CUdeviceptr base, Marked& m) {
     }
     int result = consider(base, m, reply, received, &joined);
     wire::close_all(received);
+    m.joined = joined;  // mapped on the candidate from here on, whatever the broker answers
     wire::Message verdict;
     verdict.type = wire::Type::verdict;
     verdict.token = reply.token;
