@@ -181,7 +181,7 @@ int Client::offer(CUdeviceptr base, Marked& m) {
   disconnect();
   m.entry = 0;
   publish(m, +1);
-  return GMEM_DEDUP_NO_BROKER;
+  return m.joined ? GMEM_DEDUP_OK : GMEM_DEDUP_NO_BROKER;
 }
 
 int Client::consider(CUdeviceptr base, Marked& m, const wire::Message& candidate, std::vector<int>& fds,
