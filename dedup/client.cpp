@@ -260,18 +260,22 @@ int Client::query(CUdeviceptr ptr, int* state) {
   return GMEM_DEDUP_OK;
 }
 
-void Client::before_free(CUdeviceptr ptr) {
-  if (count_.load(std::memory_order_relaxed) == 0) return;
+CUresult Client::before_free(CUdeviceptr ptr) {
+  if (count_.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
   std::lock_guard lock(mutex_);
   auto it = marked_.find(ptr);
-  if (it == marked_.end()) return;
-  // The freed range must not stay on shared memory in the pool's cache.
+  if (it == marked_.end()) return CUDA_SUCCESS;
+  // The freed range must not stay on shared memory in the pool's cache: it
+  // gets memory of its own first (no copy), or the free fails and it stays.
   if (unshare(ptr, it->second, false, true) != GMEM_DEDUP_OK) {
-    log().error("dedup: a freed allocation at {:#x} could not be given private memory (CUresult {}); it leaks",
+    log().error("dedup: the free of {:#x} fails: it maps shared memory, and private memory to put in its place "
+                "could not be had (CUresult {}); it stays allocated and read-only",
                 ptr, last_error);
+    return last_error == CUDA_SUCCESS ? CUDA_ERROR_OUT_OF_MEMORY : static_cast<CUresult>(last_error);
   }
   marked_.erase(it);
   count_.store(marked_.size(), std::memory_order_relaxed);
+  return CUDA_SUCCESS;
 }
 
 void Client::before_context_destroyed(CUcontext context) {

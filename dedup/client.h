@@ -39,7 +39,7 @@ class Client final : public pool::FreeObserver {
   int query(CUdeviceptr ptr, int* state);
   static int last_driver_error();
 
-  void before_free(CUdeviceptr ptr) override;
+  CUresult before_free(CUdeviceptr ptr) override;
   void before_context_destroyed(CUcontext context) override;
 
  private:

@@ -161,7 +161,7 @@ CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem
 CUresult Pool::free(CUdeviceptr dptr) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
-      if (free_observer_) free_observer_->before_free(dptr);
+      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
       if (std::optional<CUresult> status = vmm_->free(dptr)) return *status;
     }
     return driver_.cuMemFree_v2(dptr);
@@ -171,7 +171,7 @@ CUresult Pool::free(CUdeviceptr dptr) {
 CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
-      if (free_observer_) free_observer_->before_free(dptr);
+      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
       OrderedFree order{explicit_stream(stream, default_stream), stream_identity(stream, default_stream)};
       if (std::optional<CUresult> status = vmm_->free_async(dptr, order, capturing(stream, default_stream), quiet())) {
         return *status;

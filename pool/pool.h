@@ -23,10 +23,11 @@ namespace gmem::pool {
 enum class DefaultStream : bool { legacy, per_thread };
 
 // Told before pool memory goes away, so that what was done to it (dedup's
-// shared mappings) is undone first.
+// shared mappings) is undone first. A free it cannot prepare fails with its
+// result, and the allocation stays live.
 class FreeObserver {
  public:
-  virtual void before_free(CUdeviceptr ptr) = 0;
+  virtual CUresult before_free(CUdeviceptr ptr) = 0;
   virtual void before_context_destroyed(CUcontext context) = 0;
 
  protected:

@@ -567,43 +567,41 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   if (!range) return CUDA_ERROR_INVALID_VALUE;
   const int device = range->device;
   const std::size_t size = range->va.size();
-  Device& d = device_state(device);
-  std::vector<vmm::Chunk> own;
-  std::size_t covered = 0;
-  take_loose(device, size, &own, &covered);
-  vmm::Chunk fresh;
-  CUresult status = covered < size ? new_chunk(device, size - covered, &fresh) : CUDA_SUCCESS;
-  if (fresh.size()) own.push_back(std::move(fresh));
-  // Mapped first elsewhere, so that the content can be copied before the range changes.
-  vmm::Reservation staging;
+  // Memory as any request gets it (held chunks first; cached memory given
+  // back when the device is full), mapped aside so that the content can be
+  // copied before the allocation's range changes.
+  std::unique_ptr<Range> staging;
+  CUresult status = new_range(size, device, &staging);
   if (status == CUDA_SUCCESS && copy) {
-    status = vmm::Reservation::reserve(driver_, size, &staging);
-    if (status == CUDA_SUCCESS) status = map_all(staging, own, device, false);
-    if (status == CUDA_SUCCESS) {
-      status = driver_.cuMemcpyDtoD_v2(staging.base(), base, size);
-      if (status == CUDA_SUCCESS) status = driver_.cuCtxSynchronize();
-      staging.unmap(0, size);
-    }
+    status = driver_.cuMemcpyDtoD_v2(staging->va.base(), base, size);
+    if (status == CUDA_SUCCESS) status = driver_.cuCtxSynchronize();
   }
+  if (staging) unmap_range(*staging);
   if (status == CUDA_SUCCESS) {
     range->va.unmap(0, size);
-    status = map_all(range->va, own, device, false);
+    status = map_all(range->va, staging->chunks, device, false);
     if (status != CUDA_SUCCESS) map_all(range->va, range->chunks, device, true);
   }
   if (status != CUDA_SUCCESS) {
-    for (auto& c : own) {
-      d.cached_bytes += c.size();
-      keep_loose(d, std::move(c));
+    if (staging) {
+      Device& d = devices_[device];
+      for (auto& c : staging->chunks) {
+        d.cached_bytes += c.size();
+        keep_loose(d, std::move(c));
+      }
     }
     return status;
   }
-  publish(device, GMEM_STAT_mappings, int64_t(own.size()) - int64_t(range->chunks.size()));
-  publish(device, GMEM_STAT_stitched_ranges, int64_t(own.size() > 1) - int64_t(range->chunks.size() > 1));
-  std::swap(range->chunks, own);
-  // The chunks it was on go as `own` goes: counted ones are given back.
+  publish(device, GMEM_STAT_mappings, int64_t(staging->chunks.size()));
+  if (staging->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, 1);
+  publish(device, GMEM_STAT_mappings, -int64_t(range->chunks.size()));
+  if (range->chunks.size() > 1) publish(device, GMEM_STAT_stitched_ranges, -1);
+  std::vector<vmm::Chunk> before = std::move(range->chunks);
+  range->chunks = std::move(staging->chunks);
+  // The chunks it was on go here: counted ones are given back.
   auto shared = shared_ranges_.find(base);
   if (shared == shared_ranges_.end() || shared->second) {
-    for (auto& c : own) drop_chunk(device, std::move(c));
+    for (auto& c : before) drop_chunk(device, std::move(c));
   }
   if (shared != shared_ranges_.end()) shared_ranges_.erase(shared);
   publish_free_figures(device);

@@ -111,10 +111,11 @@ class VmmPool {
   // this state: the caller must call make_private before the allocation is
   // freed (dedup does, from Pool's FreeObserver).
   CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory = false);
-  // Remaps that allocation onto memory of the pool's own (held or new),
-  // read-write, with its content copied over first when `copy`; the chunks it
-  // was mapped on are released (for shared ones: this process's reference).
-  // On failure nothing changed.
+  // Remaps that allocation onto memory of the pool's own, got as any request
+  // gets it (new_range: held chunks, new memory, cached memory given back on
+  // a full device), read-write, with its content copied over first when
+  // `copy`; the chunks it was mapped on are released (for shared ones: this
+  // process's reference). On failure nothing changed.
   CUresult make_private(CUdeviceptr base, bool copy);
 
  private:

@@ -7,6 +7,8 @@
  *   write      writes one byte from the host: "write R" (R: the CUresult)
  *   unmark     "unmark R" (R: enum gmem_dedup_status)
  *   free       frees it, then allocates, fills and frees SIZE bytes again: "free R"
+ *   fill       allocates 2 MiB blocks until the device is full: "fill COUNT"
+ *   unfill     frees those: "unfill COUNT"
  * Usage: dedup-job SIZE SEED; prints "ready BASE MARK_RESULT STATE MARK_MS"
  * first (MARK_MS: how long the marks took: hash, offer, compare, merge). */
 #define _GNU_SOURCE
@@ -70,6 +72,8 @@ int main(int argc, char** argv) {
   printf("ready %llu %d %d %.1f\n", (unsigned long long)base, result, state,
          (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
   fflush(stdout);
+  static CUdeviceptr filler[4096];
+  int filled = 0;
   char line[64];
   while (fgets(line, sizeof line, stdin)) {
     if (strncmp(line, "state", 5) == 0) {
@@ -88,6 +92,13 @@ int main(int argc, char** argv) {
       printf("write %d\n", r);
     } else if (strncmp(line, "unmark", 6) == 0) {
       printf("unmark %d\n", unmark(base));
+    } else if (strncmp(line, "fill", 4) == 0) {
+      while (filled < 4096 && cuMemAlloc(&filler[filled], 2 << 20) == CUDA_SUCCESS) ++filled;
+      printf("fill %d\n", filled);
+    } else if (strncmp(line, "unfill", 6) == 0) {
+      int freed = 0;
+      while (filled > 0) freed += cuMemFree(filler[--filled]) == CUDA_SUCCESS;
+      printf("unfill %d\n", freed);
     } else if (strncmp(line, "free", 4) == 0) {
       CUresult r = cuMemFree(base);
       CUdeviceptr again;

@@ -173,6 +173,24 @@ TEST_F(Dedup, FreeingASharedAllocationLeavesNoSharedMemoryInThePool) {
   EXPECT_EQ(figures(jb).dedup_marked_bytes(), 0u);
 }
 
+// Freeing a shared allocation needs memory of its own in its place (never
+// shared memory in the pool's cache): on a full device the free fails, and
+// the allocation stays, shared and intact, until memory is there again.
+TEST_F(Dedup, AFreeThatCannotGetPrivateMemoryFailsAndKeepsTheAllocation) {
+  Job a, b;
+  start(12, {"GMEM_EMU_DEVICE_MEMORY=64M"}, {}, &a);
+  Background& jb = start(12, {"GMEM_EMU_DEVICE_MEMORY=64M"}, {}, &b);
+  ASSERT_EQ(b.state, GMEM_DEDUP_SHARED);
+  const std::string filled = ask(jb, "fill");
+  EXPECT_NE(filled, "fill 0");
+  EXPECT_NE(filled, "fill 4096");  // the device did fill up
+  EXPECT_EQ(ask(jb, "free"), "free " + std::to_string(CUDA_ERROR_OUT_OF_MEMORY));
+  EXPECT_EQ(ask(jb, "state"), "state 2");
+  EXPECT_EQ(ask(jb, "check"), "check ok");
+  EXPECT_EQ(ask(jb, "unfill"), "unfill " + filled.substr(5));
+  EXPECT_EQ(ask(jb, "free"), "free 0");
+}
+
 TEST_F(Dedup, TheCopyOutlivesItsOwnerAndStillServesNewcomers) {
   Job a, b, d;
   Background& ja = start(5, {}, {}, &a);
