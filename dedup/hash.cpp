@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dedup/hash_function.h"
+#include "gmem/internal/log.h"
 
 extern "C" {
 extern const unsigned char gmem_dedup_kernel_image[];
@@ -58,13 +59,18 @@ DeviceHasher::Kernels DeviceHasher::kernels() {
   // One try per context: the emulator, or a GPU that can run neither the
   // embedded SASS nor JIT its PTX, work on the host from then on.
   CUmodule module = nullptr;
-  if (kernel_embedded() && driver_.cuModuleLoadData && driver_.cuModuleGetFunction && driver_.cuLaunchKernel &&
-      driver_.cuModuleLoadData(&module, gmem_dedup_kernel_image) == CUDA_SUCCESS) {
-    Kernels k;
-    if (driver_.cuModuleGetFunction(&k.hash, module, "gmem_dedup_hash_blocks") == CUDA_SUCCESS &&
-        driver_.cuModuleGetFunction(&k.compare, module, "gmem_dedup_compare") == CUDA_SUCCESS) {
-      it->second = k;
-    }
+  if (!kernel_embedded() || !driver_.cuModuleLoadData || !driver_.cuModuleGetFunction || !driver_.cuLaunchKernel) {
+    return it->second;  // a build without nvcc, or a driver without modules (the emulator)
+  }
+  CUresult status = driver_.cuModuleLoadData(&module, gmem_dedup_kernel_image);
+  Kernels k;
+  if (status == CUDA_SUCCESS) status = driver_.cuModuleGetFunction(&k.hash, module, "gmem_dedup_hash_blocks");
+  if (status == CUDA_SUCCESS) status = driver_.cuModuleGetFunction(&k.compare, module, "gmem_dedup_compare");
+  if (status == CUDA_SUCCESS) {
+    it->second = k;
+  } else {
+    log().warn("dedup: the embedded hash kernel does not load on this GPU (CUresult {}); content is hashed and "
+               "compared on the host, much slower", static_cast<int>(status));
   }
   return it->second;
 }
