@@ -269,6 +269,30 @@ TEST_F(Dedup, OtherNamespacesMeetOnlyWhenAllowed) {
   EXPECT_EQ(c.state, GMEM_DEDUP_SHARED);
 }
 
+// gmemctl run, finding no gmemd, starts one that also brokers dedup when the
+// job's GMEM_CONF asks for it.
+TEST_F(Dedup, GmemctlRunStartsADaemonThatBrokers) {
+  const std::string socket = root_ + "/run.sock", dedup = root_ + "/run-dedup.sock";
+  auto job = run_command({gmemctl, "--socket", socket, "run", "--shim", GMEM_SHIM_PATH, "--conf",
+                          "pool:vmm,dedup:1,dedup_socket:" + dedup, "--stats-dir", stats_, "--", DEDUP_JOB_PATH,
+                          std::to_string(size), "13"},
+                         {"GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH});
+  EXPECT_EQ(job.status, 0) << job.err;
+  std::istringstream ready(job.out);
+  std::string word;
+  Job j;
+  ready >> word >> j.base >> j.mark >> j.state;
+  EXPECT_EQ(word, "ready") << job.out << job.err;
+  EXPECT_EQ(j.mark, GMEM_DEDUP_OK) << job.err;
+  EXPECT_EQ(j.state, GMEM_DEDUP_MARKED);
+  grpc::ClientContext context;
+  v1::HealthResponse health;
+  auto s = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(s->Health(&context, {}, &health).ok());
+  kill(health.pid(), SIGTERM);
+  EXPECT_TRUE(eventually([&] { return !fs::exists(dedup) && !fs::exists(socket); }));
+}
+
 TEST_F(Dedup, WithoutABrokerMarkedMemoryStaysPrivate) {
   broker_->stop(SIGTERM);
   broker_.reset();
