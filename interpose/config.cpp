@@ -87,6 +87,13 @@ bool parse_value(std::string_view text, config_type::path& out, std::string& exp
   return true;
 }
 
+bool parse_value(std::string_view text, config_type::socket& out, std::string& expected) {
+  expected = "an absolute path, or nothing for the default";
+  if (!text.empty() && text.front() != '/') return false;
+  out.path = text;
+  return true;
+}
+
 // Reads one key:value pair into `config`; returns an error message or "".
 std::string apply(Config& config, std::string_view key, std::string_view value) {
   std::string expected;

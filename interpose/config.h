@@ -18,6 +18,9 @@ using path = std::string;
 using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
+struct socket {
+  std::string path;  // empty: the default place
+};
 }  // namespace config_type
 
 struct Config {

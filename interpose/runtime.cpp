@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "dedup/wire.h"
+#include "dedup/client.h"
 #include "gmem/internal/log.h"
 #include "interpose/driver_table.h"
 #include "pool/report.h"
@@ -69,6 +71,18 @@ void print_report() {
   std::_Exit(GMEM_EXIT_BAD_CONFIG);
 }
 
+// Dedup needs the VMM pool; it opens its socket at the first offer.
+void start_dedup(Runtime& rt) {
+  if (!rt.pool->vmm()) {
+    log().warn("dedup:1 needs pool:vmm (only the VMM pool's memory can be shared); dedup is off");
+    return;
+  }
+  std::string socket = rt.config.dedup_socket.path.empty() ? dedup::wire::default_socket_path()
+                                                            : rt.config.dedup_socket.path;
+  rt.dedup = new dedup::Client(rt.pool->driver(), *rt.pool->vmm(), rt.pool->publisher(), socket);
+  rt.pool->observe_frees(rt.dedup);
+}
+
 void initialise() {
   auto* rt = new Runtime;
   ConfigResult parsed = parse_config(getenv("GMEM_CONF"));
@@ -96,6 +110,7 @@ void initialise() {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
                                 rt->config.pool == config_type::source::vmm, open_stats(rt->config),
                                 rt->config.pool_headroom / 100, budgets(rt->config));
+      if (rt->config.dedup) start_dedup(*rt);
     }
   }
   the_runtime = rt;

@@ -8,10 +8,15 @@
 
 namespace gmem {
 
+namespace dedup {
+class Client;
+}
+
 struct Runtime {
   Config config;
   RealDriver real;
   pool::Pool* pool = nullptr;
+  dedup::Client* dedup = nullptr;  // dedup:1 with pool:vmm
 };
 
 // Initialises on first use; never destroyed (the driver may be gone at exit).

@@ -166,6 +166,7 @@ CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem
 CUresult Pool::free(CUdeviceptr dptr) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
+      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
       if (std::optional<CUresult> status = vmm_->free(dptr)) return *status;
     }
     return driver_.cuMemFree_v2(dptr);
@@ -175,6 +176,7 @@ CUresult Pool::free(CUdeviceptr dptr) {
 CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
+      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
       OrderedFree order{explicit_stream(stream, default_stream), stream_identity(stream, default_stream)};
       if (std::optional<CUresult> status = vmm_->free_async(dptr, order, capturing(stream, default_stream), quiet())) {
         return *status;
@@ -378,6 +380,7 @@ void Pool::primary_context_released(CUdevice device) {
 
 void Pool::context_destroyed(CUcontext context) {
   allocations_.purge_context(context);
+  if (vmm_ && free_observer_) free_observer_->before_context_destroyed(context);
   if (vmm_) vmm_->forget_context(context);
 }
 

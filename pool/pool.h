@@ -22,6 +22,18 @@ namespace gmem::pool {
 // thread's (the driver's _ptsz entry points).
 enum class DefaultStream : bool { legacy, per_thread };
 
+// Told before pool memory goes away, so that what was done to it (dedup's
+// shared mappings) is undone first. A free it cannot prepare fails with its
+// result, and the allocation stays live.
+class FreeObserver {
+ public:
+  virtual CUresult before_free(CUdeviceptr ptr) = 0;
+  virtual void before_context_destroyed(CUcontext context) = 0;
+
+ protected:
+  ~FreeObserver() = default;
+};
+
 class Pool {
  public:
   // With `use_vmm`, device memory comes from gmem's VMM pool; with a
@@ -77,8 +89,12 @@ class Pool {
   Stats stats() const { return ledger_.stats(); }
   const Registry& allocations() const { return allocations_; }
   Publisher* publisher() const { return publisher_.get(); }
-  const VmmPool* vmm() const { return vmm_.get(); }
   Tiers* tiers() const { return tiers_.get(); }
+  // The VMM pool (null without pool:vmm), the driver table, and who is told
+  // before pool memory is freed (dedup/; set once, before use).
+  VmmPool* vmm() const { return vmm_.get(); }
+  const vmm::Driver& driver() const { return driver_; }
+  void observe_frees(FreeObserver* observer) { free_observer_ = observer; }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -100,6 +116,7 @@ class Pool {
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
+  FreeObserver* free_observer_ = nullptr;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;

@@ -230,7 +230,7 @@ void VmmPool::unmap_range(Range& range) {
   if (range.pieces.size() > 1) publish(range.device, GMEM_STAT_stitched_ranges, -1);
   for (Piece* p : range.pieces) std::erase(p->ranges, &range);
   settle(range.last_free);
-  if (!range.class_size) d.cached.erase(range.cached_entry);
+  if (!range.class_size && !range.live) d.cached.erase(range.cached_entry);
   ranges_.erase(range.va.base());  // frees the address range (and `range`)
 }
 
@@ -667,6 +667,150 @@ void VmmPool::forget_context(CUcontext context) {
     if (p.fence && p.fence->context == context) settle(p);
   });
   spare_fences_.erase(context);
+}
+
+// ---- Dedup: whole-range allocations on shared chunks (see vmm_pool.h). ----
+
+VmmPool::Range* VmmPool::live_whole_range(CUdeviceptr base) const {
+  auto it = ranges_.find(base);
+  if (it == ranges_.end() || it->second->class_size || it->second->blocks.size() != 1 ||
+      it->second->blocks[0].size == 0) {
+    return nullptr;
+  }
+  return it->second.get();
+}
+
+CUresult VmmPool::whole_range_chunks(CUdeviceptr base, std::vector<ChunkView>* chunks, std::size_t* range_size,
+                                     int* device) const {
+  std::lock_guard lock(mutex_);
+  const Range* range = live_whole_range(base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  chunks->clear();
+  if (range->shared.empty()) {
+    for (const Piece* p : range->pieces) chunks->push_back({p->memory.handle(), p->memory.size()});
+  } else {
+    for (const vmm::Chunk& c : range->shared) chunks->push_back({c.handle(), c.size()});
+  }
+  *range_size = range->va.size();
+  *device = range->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult VmmPool::map_over(Range& range, const std::vector<const vmm::Chunk*>& chunks, bool read_only) {
+  std::size_t offset = 0;
+  for (const vmm::Chunk* c : chunks) {
+    if (CUresult status = range.va.map(offset, *c, range.device, read_only)) {
+      if (offset) range.va.unmap(0, offset);
+      return status;
+    }
+    offset += c->size();
+  }
+  return CUDA_SUCCESS;
+}
+
+std::vector<const vmm::Chunk*> VmmPool::mapped_chunks(const Range& range) {
+  std::vector<const vmm::Chunk*> out;
+  if (range.shared.empty()) {
+    for (const Piece* p : range.pieces) out.push_back(&p->memory);
+  } else {
+    for (const vmm::Chunk& c : range.shared) out.push_back(&c);
+  }
+  return out;
+}
+
+void VmmPool::give_back_pieces(Range& range) {
+  Device& d = devices_[range.device];
+  for (Piece* p : range.pieces) {
+    std::erase(p->ranges, &range);
+    set_free(d, *p);
+    if (droppable(*p, true)) drop_piece(range.device, *p);
+  }
+  range.pieces.clear();
+}
+
+CUresult VmmPool::adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory) {
+  std::lock_guard lock(mutex_);
+  quiet_ = false;
+  Range* range = live_whole_range(base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  std::size_t total = 0;
+  for (const auto& c : shared) total += c.size();
+  if (total != range->va.size() || shared.empty()) return CUDA_ERROR_INVALID_VALUE;
+  const std::vector<const vmm::Chunk*> before = mapped_chunks(*range);
+  std::vector<const vmm::Chunk*> after;
+  for (const vmm::Chunk& c : shared) after.push_back(&c);
+  range->va.unmap(0, range->va.size());
+  if (CUresult status = map_over(*range, after, true)) {
+    map_over(*range, before, !range->shared.empty());  // as it was
+    return status;
+  }
+  publish(range->device, GMEM_STAT_mappings, int64_t(after.size()) - int64_t(before.size()));
+  publish(range->device, GMEM_STAT_stitched_ranges, int64_t(after.size() > 1) - int64_t(before.size() > 1));
+  std::swap(range->shared, shared);  // a copy adopted before goes with `shared`
+  // Its own chunks are no longer mapped here: another process's copy replaces
+  // them (back to the driver, the point of sharing), or they are the same
+  // memory imported back, and stay held for the allocation.
+  for (Piece* p : range->pieces) std::erase(p->ranges, range);
+  if (!own_memory) {
+    Device& d = devices_[range->device];
+    Block& block = range->blocks[0];
+    d.figures.used -= block.physical;
+    block.physical = 0;
+    give_back_pieces(*range);
+  }
+  publish_free_figures(range->device);
+  return CUDA_SUCCESS;
+}
+
+CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
+  std::lock_guard lock(mutex_);
+  quiet_ = false;
+  Range* range = live_whole_range(base);
+  if (!range) return CUDA_ERROR_INVALID_VALUE;
+  const int device = range->device;
+  const std::size_t size = range->va.size();
+  // Memory as any request gets it, mapped aside so that the content can be
+  // copied before the allocation's range changes.
+  Range* staging = nullptr;
+  CUresult status = stitch(size, device, 0, &staging);
+  if (status != CUDA_SUCCESS) return status;
+  staging->live = 1;  // not a cached range: unmapped below as it is
+  if (copy) {
+    status = driver_.cuMemcpyDtoD_v2(staging->va.base(), base, size);
+    if (status == CUDA_SUCCESS) status = driver_.cuCtxSynchronize();
+  }
+  std::vector<Piece*> fresh = staging->pieces;
+  unmap_range(*staging);
+  std::vector<const vmm::Chunk*> after;
+  for (const Piece* p : fresh) after.push_back(&p->memory);
+  const std::vector<const vmm::Chunk*> before = mapped_chunks(*range);
+  if (status == CUDA_SUCCESS) {
+    range->va.unmap(0, size);
+    status = map_over(*range, after, false);
+    if (status != CUDA_SUCCESS) map_over(*range, before, !range->shared.empty());
+  }
+  Device& d = devices_[device];
+  if (status != CUDA_SUCCESS) {
+    for (Piece* p : fresh) set_free(d, *p);
+    return status;
+  }
+  publish(device, GMEM_STAT_mappings, int64_t(after.size()) - int64_t(before.size()));
+  publish(device, GMEM_STAT_stitched_ranges, int64_t(after.size() > 1) - int64_t(before.size() > 1));
+  // The memory it was on goes: this process's reference to a shared copy, or
+  // its own chunks (back to the driver).
+  range->shared.clear();
+  give_back_pieces(*range);
+  range->pieces = fresh;
+  for (Piece* p : fresh) {
+    p->ranges.push_back(range);
+    p->holder = range;
+  }
+  Block& block = range->blocks[0];
+  d.figures.used += size - block.physical;
+  d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
+  block.physical = size;
+  publish_free_figures(device);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gmem::pool

@@ -108,6 +108,32 @@ class VmmPool {
   // A destroyed context's allocations become free (no kernel can touch them).
   void forget_context(CUcontext context);
 
+  // ---- Dedup (dedup/): a live whole-range allocation mapped onto chunks shared
+  // with other processes. ----
+  struct ChunkView {
+    CUmemGenericAllocationHandle handle = 0;
+    std::size_t size = 0;
+  };
+  // The physical chunks behind the live whole-range allocation (> small_max)
+  // starting at `base`, in address order, and its range's size and device.
+  // CUDA_ERROR_INVALID_VALUE where `base` starts no such allocation. The
+  // handles stay the pool's: valid while the allocation lives and is not remapped.
+  CUresult whole_range_chunks(CUdeviceptr base, std::vector<ChunkView>* chunks, std::size_t* range_size,
+                              int* device) const;
+  // Remaps that allocation onto `shared` (imported chunks whose sizes add up
+  // to its range), read-only for its device; its own chunks go back to the
+  // driver (the point of sharing). `own_memory`: `shared` is this process's
+  // own memory (its chunks exported and imported back, to be offered): they
+  // stay held and counted. On failure nothing changed. The caller must call
+  // make_private before the allocation is freed (dedup does, from Pool's
+  // FreeObserver).
+  CUresult adopt_shared(CUdeviceptr base, std::vector<vmm::Chunk> shared, bool own_memory = false);
+  // Remaps that allocation onto memory of the pool's own, got as any request
+  // gets it, read-write, with its content copied over first when `copy`; the
+  // memory it was mapped on is released (for a shared copy: this process's
+  // reference). On failure nothing changed.
+  CUresult make_private(CUdeviceptr base, bool copy);
+
   static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
   // Chunks stitched into one range: at most this many while the pool may grow
   // instead, at most `most_parts` when it may not.
@@ -149,6 +175,9 @@ class VmmPool {
     std::size_t live = 0;        // blocks in use
     uint64_t id = 0;             // ranges made before it have lower ones
     uint64_t last_use = 0;       // whole ranges: when last handed out
+    // Dedup: the chunks of a copy shared with other processes, mapped
+    // read-only instead of `pieces` (which stay held if they are the same memory).
+    std::vector<vmm::Chunk> shared;
     // Whole ranges, while free: the free that kernels may use its addresses
     // before (its chunks may serve others sooner, on the same stream).
     Pending last_free;
@@ -233,6 +262,14 @@ class VmmPool {
   void for_each_pending(Visit&& visit);
   void release(Range& range, std::size_t index, const Pending& pending);
   void publish(int device, gmem_device_stat stat, int64_t delta);
+  // Dedup: the live whole-range allocation at `base`, or null; what its
+  // addresses map (shared chunks, else its pieces); `chunks` mapped over all
+  // of `range` (on failure, nothing); its pieces freed and, once nothing may
+  // use them, given back to the driver.
+  Range* live_whole_range(CUdeviceptr base) const;
+  static std::vector<const vmm::Chunk*> mapped_chunks(const Range& range);
+  CUresult map_over(Range& range, const std::vector<const vmm::Chunk*>& chunks, bool read_only);
+  void give_back_pieces(Range& range);
   void publish_free_figures(int device);
 
   // Ranges one chunk may be mapped in at once; beyond, the least recently

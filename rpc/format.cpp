@@ -73,17 +73,27 @@ std::string ps_table(const v1::ListProcessesResponse& response) {
 }
 
 std::string stats_table(const v1::GetStatsResponse& response) {
-  std::string out = printf_string("%8s %3s %11s %11s %11s %11s %11s %5s %8s %10s  %s\n", "PID", "DEV", "RESERVED",
-                                  "IN USE", "ON DEVICE", "ON PEER", "ON HOST", "FRAG", "STITCHED", "ALLOCS", "COMMAND");
+  std::string out = printf_string("%8s %3s %11s %11s %11s %11s %11s %5s %8s %10s %11s  %s\n", "PID", "DEV", "RESERVED",
+                                  "IN USE", "ON DEVICE", "ON PEER", "ON HOST", "FRAG", "STITCHED", "ALLOCS",
+                                  "DEDUP SAVED", "COMMAND");
+  uint64_t marked = 0, saved = 0;
   for (const v1::ProcessStats& p : response.processes()) {
     for (const v1::DeviceStats& d : p.devices()) {
-      out += printf_string("%8d %3d %11s %11s %11s %11s %11s %4.0f%% %8" PRIu64 " %10" PRIu64 "  %s\n",
+      out += printf_string("%8d %3d %11s %11s %11s %11s %11s %4.0f%% %8" PRIu64 " %10" PRIu64 " %11s  %s\n",
                            p.process().pid(), d.device(), human_bytes(d.reserved_bytes()).c_str(),
                            human_bytes(d.in_use_bytes()).c_str(), human_bytes(d.device_bytes()).c_str(),
                            human_bytes(d.peer_bytes()).c_str(), human_bytes(d.host_bytes()).c_str(),
                            100 * d.fragmentation(), d.stitched_ranges(), d.allocations(),
-                           p.process().command().c_str());
+                           human_bytes(d.dedup_shared_bytes()).c_str(), p.process().command().c_str());
+      marked += d.dedup_marked_bytes();
+      saved += d.dedup_shared_bytes();
     }
+  }
+  // Dedup: what the processes shown marked read-only, and what they map on
+  // another process's copy instead of holding their own.
+  if (marked || saved) {
+    out += printf_string("dedup: %s marked read-only, %s mapped on another process's copy (saved)\n",
+                         human_bytes(marked).c_str(), human_bytes(saved).c_str());
   }
   return out;
 }

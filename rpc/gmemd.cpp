@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "dedup/broker.h"
+#include "dedup/wire.h"
 #include "rpc/catalog.h"
 #include "rpc/listener.h"
 #include "rpc/metrics.h"
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
       "  gmemd                                  per-user daemon on $XDG_RUNTIME_DIR/gmem/gmemd.sock\n"
       "  gmemd --metrics 127.0.0.1:9464         also serve Prometheus text on /metrics\n"
       "  gmemd --socket /tmp/g.sock --stats-dir /tmp/stats\n"
+      "  gmemd --dedup                          also broker dedup (GMEM_CONF dedup:1) on the default socket\n"
       "Stops cleanly on SIGTERM or SIGINT.");
   std::string stats_dir = "/dev/shm", socket_path = default_socket_path(), listen_address, metrics_address;
   double sweep_seconds = 2.0;
@@ -39,6 +42,13 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen_address,
                  "also serve gRPC on HOST:PORT (off by default; no credentials there: callers see what gmemd's uid sees)");
   app.add_option("--metrics", metrics_address, "serve Prometheus text on http://HOST:PORT/metrics (off by default)");
+  bool dedup = false;
+  std::string dedup_socket;
+  app.add_flag("--dedup", dedup, "also serve the dedup broker (docs/dedup.md) on " + gmem::dedup::wire::default_socket_path());
+  app.add_option("--dedup-socket", dedup_socket, "serve the dedup broker on this unix socket (GMEM_CONF dedup_socket)");
+  bool dedup_any_namespace = false;
+  app.add_flag("--dedup-any-namespace", dedup_any_namespace,
+               "let processes of one uid share memory across user and pid namespaces (containers); off: only within one");
   app.add_option("--sweep-interval", sweep_seconds, "seconds between sweeps of dead processes' files")
       ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
@@ -93,10 +103,22 @@ int main(int argc, char** argv) {
     Viewer everyone_gmemd_sees{geteuid()};
     metrics->start([&catalog, everyone_gmemd_sees] { return prometheus_text(catalog, everyone_gmemd_sees); });
   }
+  std::unique_ptr<gmem::dedup::Broker> broker;
+  if (dedup || !dedup_socket.empty()) {
+    if (dedup_socket.empty()) dedup_socket = gmem::dedup::wire::default_socket_path();
+    broker = gmem::dedup::Broker::bind(dedup_socket, &problem, dedup_any_namespace);
+    if (!broker) {
+      fprintf(stderr, "gmemd: %s\n", problem.c_str());
+      server->Shutdown();
+      return 1;
+    }
+    broker->start();
+  }
   listener->start(server.get());
   fprintf(stderr, "gmemd: serving unix:%s", socket_path.c_str());
   if (tcp_port) fprintf(stderr, ", %s (port %d)", listen_address.c_str(), tcp_port);
   if (metrics) fprintf(stderr, ", metrics on port %d", metrics->port());
+  if (broker) fprintf(stderr, ", dedup broker on unix:%s", dedup_socket.c_str());
   fprintf(stderr, "; stats from %s\n", stats_dir.c_str());
 
   timespec sweep_every{static_cast<time_t>(sweep_seconds), static_cast<long>((sweep_seconds - static_cast<time_t>(sweep_seconds)) * 1e9)};
@@ -108,6 +130,7 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr, "gmemd: %s, stopping\n", strsignal(signal_number));
   listener->stop();
+  if (broker) broker->stop();
   if (metrics) metrics->stop();
   // Open watch streams end with CANCELLED after a short grace period.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -24,16 +24,28 @@ std::string gmemd_path() {
 }
 
 // stats_dir from a GMEM_CONF string, or empty.
-std::string stats_dir_in(const std::string& conf) {
+// The value of `key` in a GMEM_CONF text; "" when absent.
+std::string conf_value(const std::string& conf, const std::string& key) {
+  const std::string prefix = key + ":";
   size_t start = 0;
   while (start <= conf.size()) {
     size_t end = conf.find(',', start);
     std::string item = conf.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (item.rfind("stats_dir:", 0) == 0) return item.substr(10);
+    if (item.rfind(prefix, 0) == 0) return item.substr(prefix.size());
     if (end == std::string::npos) break;
     start = end + 1;
   }
   return "";
+}
+
+std::string stats_dir_in(const std::string& conf) { return conf_value(conf, "stats_dir"); }
+
+// A job with dedup:1 needs gmemd to broker: the options that make it.
+std::vector<std::string> dedup_options(const std::string& conf) {
+  const std::string dedup = conf_value(conf, "dedup");
+  if (dedup != "1" && dedup != "true") return {};
+  const std::string socket = conf_value(conf, "dedup_socket");
+  return socket.empty() ? std::vector<std::string>{"--dedup"} : std::vector<std::string>{"--dedup-socket", socket};
 }
 
 std::vector<char*> argv_of(std::vector<std::string>& arguments) {
@@ -45,10 +57,12 @@ std::vector<char*> argv_of(std::vector<std::string>& arguments) {
 
 // Starts gmemd detached (its own session; output to SOCKET.log) and waits
 // until it answers.
-bool start_daemon(Client& client, const std::string& socket, const std::string& stats_dir) {
+bool start_daemon(Client& client, const std::string& socket, const std::string& stats_dir,
+                  const std::vector<std::string>& extra) {
   std::string log = socket + ".log";
   std::vector<std::string> arguments = {gmemd_path(), "--socket", socket};
   if (!stats_dir.empty()) arguments.insert(arguments.end(), {"--stats-dir", stats_dir});
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
@@ -99,7 +113,9 @@ int run_job(const RunOptions& options) {
     conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
   }
   Client client(options.socket);
-  if (!client.answers(1) && !start_daemon(client, options.socket, stats_dir)) return exit_no_daemon;
+  if (!client.answers(1) && !start_daemon(client, options.socket, stats_dir, dedup_options(conf))) {
+    return exit_no_daemon;
+  }
 
   std::string preload = shim;
   if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) preload += std::string(":") + existing;

@@ -224,10 +224,66 @@ spill_check() {
   [ "$rc" -eq 0 ] || return "$rc"
   grep -qF "spill: the driver places the $expect" <<<"$log" || { echo "expected: $expect"; return 1; }
 }
+# Dedup on the GPU (docs/dedup.md): gmemd brokers; dedup-job a marks 1 GiB,
+# b marks the same bytes and must map a's memory read-only (state 2) and read
+# them back; b unmarks and must have private, writable memory with the same
+# bytes; c (same bytes) tries a host write into the shared memory, which is
+# recorded, not judged (a kernel's write is a known fatal illegal address).
+# Prints BENCH dedup_offer_1GiB_ms (hash + offer) and dedup_merge_1GiB_ms
+# (hash + offer + compare + remap), and nvidia-smi's per-process memory while
+# a and b share.
+dedup_merge() {
+  local bin=$carry/bin dir daemon size=${GMEM_DEDUP_BYTES:-1073741824} rc=0 name pids=()
+  [ -x "$bin/gmemd" ] || { echo "no .carry/bin/gmemd: pack a build with rpc/ (and patchelf)"; return 77; }
+  dir=$(mktemp -d /tmp/gmem-dedup.XXXXXX)
+  "$bin/gmemd" --socket "$dir/g.sock" --stats-dir "$dir" --dedup-socket "$dir/dedup.sock" >"$out/dedup-gmemd.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 100); do [ -S "$dir/dedup.sock" ] && break; sleep 0.1; done
+  local conf="pool:vmm,dedup:1,dedup_socket:$dir/dedup.sock,stats_dir:$dir"
+  # Each job reads its commands from a fifo held open here, one after the other.
+  for name in a b c; do
+    mkfifo "$dir/$name.in"
+    LD_PRELOAD="$shim" GMEM_CONF="$conf" "$carry/dedup-job" "$size" 1 <"$dir/$name.in" >"$dir/$name.out" 2>&1 &
+    pids+=($!)
+    eval "exec {fd_$name}>$dir/$name.in"
+    for _ in $(seq 600); do grep -q '^ready' "$dir/$name.out" && break; sleep 0.1; done
+  done
+  # shellcheck disable=SC2154  # fd_a, fd_b, fd_c come from the eval above
+  {
+    printf 'check\n' >&"$fd_a"
+    printf 'state\ncheck\n' >&"$fd_b"
+    sleep 2
+    echo "\$ nvidia-smi --query-compute-apps=pid,used_memory --format=csv   (a, b, c: ${pids[*]})"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+    echo "\$ gmemctl stats"
+    "$bin/gmemctl" --socket "$dir/g.sock" stats
+    printf 'unmark\nstate\nwrite\ncheck\n' >&"$fd_b"
+    printf 'write\ncheck\n' >&"$fd_c"
+    sleep 3
+    exec {fd_a}>&- {fd_b}>&- {fd_c}>&-
+  }
+  wait "${pids[@]}"
+  kill "$daemon"
+  for name in a b c; do echo "== $name"; cat "$dir/$name.out"; done
+  # a: offered (state 1); b: merged (state 2), the right bytes, then private and writable.
+  grep -q '^ready [0-9]* 0 1 ' "$dir/a.out" || { echo "a was not marked (state 1)"; rc=1; }
+  grep -q '^check ok' "$dir/a.out" || { echo "a lost its bytes"; rc=1; }
+  grep -q '^ready [0-9]* 0 2 ' "$dir/b.out" || { echo "b did not merge (state 2)"; rc=1; }
+  grep -q '^state 2' "$dir/b.out" || { echo "b's state is not 2 (shared)"; rc=1; }
+  [ "$(grep -c '^check ok' "$dir/b.out")" = 2 ] || { echo "b read wrong bytes"; rc=1; }
+  { grep -q '^unmark 0' "$dir/b.out" && grep -q '^state 0' "$dir/b.out" && grep -q '^write 0' "$dir/b.out"; } ||
+    { echo "b's unmark did not give private, writable memory"; rc=1; }
+  awk '/^ready/ {print "BENCH dedup_offer_1GiB_ms", $5, "ms"}' "$dir/a.out"
+  awk '/^ready/ {print "BENCH dedup_merge_1GiB_ms", $5, "ms"}' "$dir/b.out"
+  echo "c: a host write (cuMemcpyHtoD) into shared memory returned $(grep '^write' "$dir/c.out" | cut -d' ' -f2);" \
+    "then $(grep '^check' "$dir/c.out" || echo 'no check answer (the context is gone)')"
+  rm -rf "$dir"
+  return "$rc"
+}
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
 export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver \
-  spill_check
+  spill_check dedup_merge
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
@@ -279,6 +335,15 @@ fi
 # The same with the host preparer on (pins ahead once the device is near full).
 step spill-prepared 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:1G \
   "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024
+# Dedup's content hash: the embedded kernel (through the real driver) against
+# the CPU reference on random buffers of 39 sizes, odd ones too; its throughput
+# is .carry/bench/bench-dedup-hash (BENCH dedup_hash_gpu, goal >= 1000 GB/s).
+step dedup-hash-check 120 "$carry/dedup-hash-check" "$real"
+step dedup-merge 120 dedup_merge
+# Replicas of a torch inference job holding the same 1 GiB of weights: GPU
+# memory natively, under pool:vmm, under dedup; outputs identical (BENCH
+# dedup_replicas_N_*; goal: weight_copies_saved = N - 1).
+step dedup-replicas 300 python3 tests/gpu/dedup_replicas.py --shim "$shim" --gmemd "$carry/bin/gmemd" --replicas 2 4
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix

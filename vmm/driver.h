@@ -56,7 +56,15 @@ namespace gmem::vmm {
   X(cuDeviceGetP2PAttribute, cuDeviceGetP2PAttribute)           \
   X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)         \
   X(cuCtxPushCurrent_v2, cuCtxPushCurrent_v2)                   \
-  X(cuCtxPopCurrent_v2, cuCtxPopCurrent_v2)
+  X(cuCtxPopCurrent_v2, cuCtxPopCurrent_v2)                     \
+  X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2)                           \
+  X(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2)                           \
+  X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2)                           \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle) \
+  X(cuModuleLoadData, cuModuleLoadData)                         \
+  X(cuModuleGetFunction, cuModuleGetFunction)                   \
+  X(cuLaunchKernel, cuLaunchKernel)
 
 struct Driver {
 #define GMEM_DRIVER_MEMBER(member, proto) decltype(&::proto) member = nullptr;

@@ -50,6 +50,20 @@ CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk
   return create(driver, Location::device(device), size, out);
 }
 
+CUresult Chunk::import(const Driver& driver, int fd, std::size_t size, Chunk* out) {
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult status = driver.cuMemImportFromShareableHandle(
+      &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (status == CUDA_SUCCESS) *out = Chunk(driver, handle, size);
+  return status;
+}
+
+CUresult export_fd(const Driver& driver, CUmemGenericAllocationHandle handle, int* fd) {
+  return driver.cuMemExportToShareableHandle(fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+}
+
+CUresult Chunk::export_fd(int* fd) const { return vmm::export_fd(*driver_, id_, fd); }
+
 // A mapped chunk lives on until unmapped: releasing the handle is safe at once.
 // The observer hears first, while the handle cannot name another chunk yet.
 Chunk::~Chunk() {
@@ -69,10 +83,11 @@ Reservation::~Reservation() {
   if (driver_) driver_->cuMemAddressFree(id_, size_);
 }
 
-CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device) {
+CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device, bool read_only) {
   CUresult status = driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0);
   if (status != CUDA_SUCCESS) return status;
-  CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                         read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   status = driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1);
   if (status != CUDA_SUCCESS) {
     driver_->cuMemUnmap(id_ + offset, chunk.size());

@@ -89,6 +89,12 @@ class Chunk : public Owned {
   CUmemGenericAllocationHandle handle() const { return id_; }
   Location location() const { return location_; }
   ChunkObserver* observer() const { return observer_; }
+  // Physical memory another process exported as a POSIX fd (the caller keeps
+  // `fd`); `size` is the size the exporter made it with.
+  static CUresult import(const Driver& driver, int fd, std::size_t size, Chunk* out);
+  // A POSIX fd for this chunk (close-on-exec), for another process to import;
+  // the caller closes it.
+  CUresult export_fd(int* fd) const;
 
  private:
   using Owned::Owned;
@@ -111,10 +117,11 @@ class Reservation : public Owned {
 
   CUdeviceptr base() const { return id_; }
 
-  // Maps `chunk` at `offset` and gives `device` read-write access to it,
+  // Maps `chunk` at `offset` and gives `device` read-write access to it (read
+  // only with `read_only`: a kernel write through it is an illegal address),
   // wherever the chunk lives (a peer's memory or the host's: the device that
   // uses it needs the access, not the owner).
-  CUresult map(std::size_t offset, const Chunk& chunk, int device);
+  CUresult map(std::size_t offset, const Chunk& chunk, int device, bool read_only = false);
   // Unmaps everything mapped in [offset, offset + size).
   CUresult unmap(std::size_t offset, std::size_t size);
 
@@ -128,6 +135,10 @@ class Reservation : public Owned {
   };
   std::vector<Observed> observed_;
 };
+
+// A POSIX fd (close-on-exec) for the physical memory behind `handle`, for
+// another process to import; the caller closes it.
+CUresult export_fd(const Driver& driver, CUmemGenericAllocationHandle handle, int* fd);
 
 // The allocation granularity for pinned memory on the device (or at `where`).
 CUresult granularity(const Driver& driver, int device, std::size_t* out);

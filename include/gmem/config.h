@@ -5,7 +5,8 @@
 // X(name, type, default, doc). Types: flag (0/1), level (a log level),
 // source (driver or vmm), percent (a number from 0 to 1000), path (an
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
-// percentage of a capacity: 50%), mem_info (device or tiers).
+// percentage of a capacity: 50%), mem_info (device or tiers), socket (an
+// absolute path, or empty for the default).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -46,6 +47,13 @@
     "file in stats_dir, removed at exit")                                             \
   X(stats_dir, path, "/dev/shm",                                                     \
     "the directory of the stats files (gmemd --stats-dir must name the same)")       \
+  X(dedup, flag, "0",                                                                \
+    "1: with pool:vmm, allocations marked read-only (include/gmem/dedup.h) are "      \
+    "shared with processes of the same user holding identical bytes, through the "    \
+    "dedup broker (gmemd --dedup-socket); docs/dedup.md")                             \
+  X(dedup_socket, socket, "",                                                        \
+    "the dedup broker's unix socket; empty: $XDG_RUNTIME_DIR/gmem/dedup.sock "        \
+    "(/run/gmem/dedup.sock for root, /tmp/gmem-UID/dedup.sock without XDG_RUNTIME_DIR)") \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")

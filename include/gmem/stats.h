@@ -52,7 +52,11 @@
   X(host_reserved_bytes, "pinned host memory held for this device (part of reserved_bytes)")     \
   X(peer_reserved_bytes, "peer GPU memory held for this device (part of reserved_bytes)")         \
   X(host_prepared_bytes, "pinned host memory prepared ahead of need, not yet used (on the device " \
-                         "whose near-full started the preparer)")
+                         "whose near-full started the preparer)")                          \
+  X(dedup_marked_bytes, "live bytes marked read-only and offered for sharing (dedup), mapped "    \
+                        "read-only")                                                              \
+  X(dedup_shared_bytes, "live bytes mapped onto a copy another process made (dedup): device "     \
+                        "memory this process saves")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };

@@ -127,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {
@@ -213,7 +213,7 @@ TEST(VmmPool, SpillsToThePeerAndTheHostPastTheDeviceBudget) {
   EXPECT_NE(r.err.find("gmem: report device   allocs=6 frees=6 "), std::string::npos) << r.err;
 }
 
-TEST(Exports, ExactlyTheToolkitsDriverFunctions) {
+TEST(Exports, ExactlyTheToolkitsDriverFunctionsAndTheDedupApi) {
   auto names = [](const std::string& lib) {
     Result r = run({"/bin/sh", "-c", "nm -D --defined-only " + lib + " | awk '{print $3}' | sort"}, {});
     EXPECT_EQ(r.status, 0) << r.err;
@@ -221,7 +221,15 @@ TEST(Exports, ExactlyTheToolkitsDriverFunctions) {
   };
   std::string ours = names(shim), toolkit = names(GMEM_TOOLKIT_STUB);
   EXPECT_GT(std::count(toolkit.begin(), toolkit.end(), '\n'), 600);
-  EXPECT_EQ(ours, toolkit);
+  // ... and gmem's own C API: the functions include/gmem/dedup.h declares GMEM_API.
+  Result api = run({"/bin/sh", "-c",
+                    "{ nm -D --defined-only " + std::string(GMEM_TOOLKIT_STUB) + " | awk '{print $3}'; "
+                    "grep -o 'GMEM_API [^(]*' " GMEM_DEDUP_HEADER " | grep -o 'gmem_[a-z_0-9]*$'; } | sort"},
+                   {});
+  ASSERT_EQ(api.status, 0) << api.err;
+  EXPECT_NE(api.out.find("gmem_dedup_mark\n"), std::string::npos) << api.out;
+  EXPECT_EQ(std::count(api.out.begin(), api.out.end(), '\n'), std::count(toolkit.begin(), toolkit.end(), '\n') + 4);
+  EXPECT_EQ(ours, api.out);
 }
 
 }  // namespace

@@ -92,6 +92,15 @@ void Background::close_input() {
   in_ = -1;
 }
 
+void Background::write_line(const std::string& line) {
+  std::string text = line + "\n";
+  for (std::size_t at = 0; in_ >= 0 && at < text.size();) {
+    ssize_t n = write(in_, text.data() + at, text.size() - at);
+    if (n <= 0) break;
+    at += static_cast<std::size_t>(n);
+  }
+}
+
 std::string Background::read_line() {
   std::string line;
   char c;

@@ -36,6 +36,7 @@ class Background {
   Background& operator=(const Background&) = delete;
   pid_t pid() const { return pid_; }
   std::string read_line();
+  void write_line(const std::string& line);  // and a newline, to its stdin
   void close_input();
   // Sends `sig` and reaps; returns the exit status as run_command reports it.
   int stop(int sig);

@@ -33,7 +33,7 @@ TEST(Config, ReadsEveryKey) {
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {
   ConfigResult r = parse_config("report:1,repot:1");
-  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)");
+  EXPECT_EQ(r.error, "unknown key 'repot' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)");
 }
 
 TEST(Config, BadValueSaysWhatIsExpected) {
@@ -46,6 +46,12 @@ TEST(Config, BadValueSaysWhatIsExpected) {
   EXPECT_NE(parse_config("pool_headroom:5x").error, "");
   EXPECT_EQ(parse_config("stats_dir:run/gmem").error,
             "bad value 'run/gmem' for key 'stats_dir' (expected an absolute path)");
+  EXPECT_FALSE(parse_config("").config.dedup);
+  EXPECT_TRUE(parse_config("dedup:1").config.dedup);
+  EXPECT_EQ(parse_config("dedup_socket:/tmp/d.sock").config.dedup_socket.path, "/tmp/d.sock");
+  EXPECT_EQ(parse_config("dedup_socket:").config.dedup_socket.path, "");
+  EXPECT_EQ(parse_config("dedup_socket:d.sock").error,
+            "bad value 'd.sock' for key 'dedup_socket' (expected an absolute path, or nothing for the default)");
 }
 
 TEST(Config, BudgetsAreSizesOrShares) {
@@ -74,7 +80,7 @@ TEST(Config, BudgetsAreSizesOrShares) {
 }
 
 TEST(Config, ItemWithoutColonIsAnError) {
-  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, log_level)");
+  EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)");
 }
 
 TEST(Config, ReadmeDocumentsEveryKeyFromTheTable) {
