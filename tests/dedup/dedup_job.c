@@ -19,14 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                    \
-  do {                                                                 \
-    CUresult status_ = (call);                                         \
-    if (status_ != CUDA_SUCCESS) {                                     \
-      fprintf(stderr, "dedup-job: %s failed: %d\n", #call, status_);   \
-      return 1;                                                        \
-    }                                                                  \
-  } while (0)
+#define PROGRAM "dedup-job"
+#include "../e2e/check.h"
 
 static void fill(unsigned char* p, size_t size, unsigned seed) {
   unsigned long long x = 0x9E3779B97F4A7C15ull * (seed + 1);
@@ -52,13 +46,9 @@ int main(int argc, char** argv) {
   unsigned char* pattern = malloc(size);
   unsigned char* back = malloc(size);
   fill(pattern, size, seed);
-  CUdevice device;
   CUcontext context;
   CUdeviceptr base;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&device, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&context, device));
-  CHECK(cuCtxSetCurrent(context));
+  CHECK(use_device0(&context));
   CHECK(cuMemAlloc(&base, size));
   CHECK(cuMemcpyHtoD(base, pattern, size));
   /* Two marks, the second completing the first: the allocation is offered then. */

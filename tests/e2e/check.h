@@ -8,3 +8,13 @@
       return 1;                                                      \
     }                                                                \
   } while (0)
+
+/* cuInit, and device 0's primary context made current in *context. */
+static CUresult use_device0(CUcontext* context) {
+  CUdevice device;
+  CUresult s = cuInit(0);
+  if (s == CUDA_SUCCESS) s = cuDeviceGet(&device, 0);
+  if (s == CUDA_SUCCESS) s = cuDevicePrimaryCtxRetain(context, device);
+  if (s == CUDA_SUCCESS) s = cuCtxSetCurrent(*context);
+  return s;
+}

@@ -52,12 +52,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "spill: set GMEM_REAL_LIBCUDA to the real driver (to ask it past the shim)\n");
     return 2;
   }
-  CUdevice dev;
   CUcontext ctx;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  CHECK(use_device0(&ctx));
+  const CUdevice dev = 0;
 
   static CUdeviceptr blocks[max_blocks];
   int n = 0;

@@ -15,12 +15,8 @@
 enum { max_blocks = 4096 };
 
 int main(void) {
-  CUdevice dev;
   CUcontext ctx;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  CHECK(use_device0(&ctx));
   size_t free_bytes, total;
   CHECK(cuMemGetInfo(&free_bytes, &total));
   size_t block = (total / 32) & ~((size_t)(2 << 20) - 1);

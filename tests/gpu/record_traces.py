@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "traces"))
 import gmem_trace  # noqa: E402
 from child import run_child  # noqa: E402
+import models  # noqa: E402
 
 JOBS = ("lm", "gnn")
 MAX_BYTES = 2 << 20  # a trace stays small enough to keep in the repository
@@ -51,77 +52,47 @@ def save_device_trace(snapshot, device, path, comments, max_entries):
 
 
 def lm_job(torch, args, rng):
-    """A decoder-only transformer LM, bf16 autocast, a random sequence length
-    per step; returns what to say in the trace's header."""
-    nn, F = torch.nn, torch.nn.functional
-    vocab, width, layers, heads, batch = 8192, 512, 6, 8, 4
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-            self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, x):
-            b, t, w = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, w))
-            return x + self.ff(self.norm2(x))
-
-    dev = torch.device("cuda")
-    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(layers)],
-                          nn.LayerNorm(width), nn.Linear(width, vocab)).to(dev)
+    """The suite's transformer LM (models.py), batch 4, a random sequence
+    length per step; returns what to say in the trace's header."""
+    batch = 4
+    model = models.transformer_lm(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     lengths = []
     for _ in range(args.steps):
         seq = 1024 if args.fixed else rng.randint(64, 2048)
         lengths.append(seq)
-        tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        tokens = torch.randint(0, models.LM_VOCAB, (batch, seq + 1), device="cuda")
+        loss = models.lm_loss(torch, model, tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        del logits, loss, tokens
-    return [f"job lm: decoder-only transformer, vocab {vocab}, width {width}, {layers} layers, {heads} heads, "
-            f"batch {batch}, bf16 autocast, AdamW, {args.steps} steps",
+        del loss, tokens
+    return [f"job lm: decoder-only transformer, vocab {models.LM_VOCAB}, width {models.LM_WIDTH}, "
+            f"{models.LM_LAYERS} layers, {models.LM_HEADS} heads, batch {batch}, bf16 autocast, AdamW, "
+            f"{args.steps} steps",
             f"sequence length per step ({'fixed' if args.fixed else 'random in [64, 2048]'}): "
             f"{' '.join(map(str, lengths))}"]
 
 
 def gnn_job(torch, args, rng):
-    """A 2-layer GCN, message passing by gather + index_add_, 10 edges per node,
-    a new random graph of between half and all of --gnn-nodes nodes per step."""
-    features, hidden, classes, degree = 128, 256, 16, 10
-    dev = torch.device("cuda")
-    w1 = torch.nn.Parameter(torch.randn(features, hidden, device=dev) * features ** -0.5)
-    w2 = torch.nn.Parameter(torch.randn(hidden, classes, device=dev) * hidden ** -0.5)
+    """The suite's GCN (models.py), a new random graph of between half and all
+    of --gnn-nodes nodes per step."""
+    w1, w2 = models.gcn_weights(torch)
     opt = torch.optim.Adam([w1, w2], lr=1e-2)
     sizes = []
     for _ in range(args.steps):
         n = args.gnn_nodes if args.fixed else rng.randint(args.gnn_nodes // 2, args.gnn_nodes)
         sizes.append(n)
-        src = torch.randint(0, n, (degree * n,), device=dev)
-        dst = torch.randint(0, n, (degree * n,), device=dev)
-        deg = torch.ones(n, device=dev).index_add_(0, dst, torch.ones(degree * n, device=dev))
-        norm = (deg[src] * deg[dst]).rsqrt().unsqueeze(1)
-
-        def propagate(h):
-            return torch.zeros_like(h).index_add_(0, dst, h[src] * norm)
-
-        x = torch.randn(n, features, device=dev)
-        labels = torch.randint(0, classes, (n,), device=dev)
-        h = torch.relu(propagate(x @ w1))
-        loss = torch.nn.functional.cross_entropy(propagate(h @ w2), labels)
+        graph = models.gcn_graph(torch, n)
+        x = torch.randn(n, models.GCN_FEATURES, device="cuda")
+        labels = torch.randint(0, models.GCN_CLASSES, (n,), device="cuda")
+        loss = models.gcn_loss(torch, graph, x, labels, w1, w2)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        del src, dst, deg, norm, x, labels, h, loss
-    return [f"job gnn: 2-layer GCN ({features}->{hidden}->{classes}), gather + index_add_ message passing, "
-            f"{degree} edges per node, Adam, {args.steps} steps",
+        del graph, x, labels, loss
+    return [f"job gnn: 2-layer GCN ({models.GCN_FEATURES}->{models.GCN_HIDDEN}->{models.GCN_CLASSES}), "
+            f"gather + index_add_ message passing, {models.GCN_DEGREE} edges per node, Adam, {args.steps} steps",
             f"nodes per step ({'fixed' if args.fixed else f'random in [{args.gnn_nodes // 2}, {args.gnn_nodes}]'}): "
             f"{' '.join(map(str, sizes))}"]
 

@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
 SETTINGS = {  # name: (PYTORCH_CUDA_ALLOC_CONF, under gmem)
     "stock": (None, False),
     "expandable": ("expandable_segments:True", False),
@@ -32,27 +35,15 @@ GMEM_PEAK = re.compile(r"gmem: report vmm-pool device=0 reserved_peak=(\d+)")
 
 
 def gnn_step(torch, nodes):
-    """A 2-layer GCN (128 -> 256 -> 16) on a fixed random graph of `nodes`
-    nodes and 10 edges per node; message passing by gather + index_add_."""
-    features, hidden, classes, degree = 128, 256, 16, 10
-    dev = torch.device("cuda")
-    src = torch.randint(0, nodes, (degree * nodes,), device=dev)
-    dst = torch.randint(0, nodes, (degree * nodes,), device=dev)
-    deg = torch.ones(nodes, device=dev).index_add_(0, dst, torch.ones(degree * nodes, device=dev))
-    norm = (deg[src] * deg[dst]).rsqrt().unsqueeze(1)
-    del deg
-    x = torch.randn(nodes, features, device=dev)
-    labels = torch.randint(0, classes, (nodes,), device=dev)
-    w1 = torch.nn.Parameter(torch.randn(features, hidden, device=dev) * features ** -0.5)
-    w2 = torch.nn.Parameter(torch.randn(hidden, classes, device=dev) * hidden ** -0.5)
+    """The suite's GCN (models.py) on a fixed random graph of `nodes` nodes."""
+    graph = models.gcn_graph(torch, nodes)
+    x = torch.randn(nodes, models.GCN_FEATURES, device="cuda")
+    labels = torch.randint(0, models.GCN_CLASSES, (nodes,), device="cuda")
+    w1, w2 = models.gcn_weights(torch)
     opt = torch.optim.Adam([w1, w2], lr=1e-2)
 
-    def propagate(h):
-        return torch.zeros_like(h).index_add_(0, dst, h[src] * norm)
-
     def step():
-        h = torch.relu(propagate(x @ w1))
-        loss = torch.nn.functional.cross_entropy(propagate(h @ w2), labels)
+        loss = models.gcn_loss(torch, graph, x, labels, w1, w2)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -61,35 +52,13 @@ def gnn_step(torch, nodes):
 
 
 def lm_step(torch, batch):
-    """A decoder-only transformer LM (vocab 8192, width 512, 6 layers, 8
-    heads, sequence 2048, bf16 autocast, AdamW) on a batch of `batch`."""
-    nn, F = torch.nn, torch.nn.functional
-    vocab, width, layers, heads, seq = 8192, 512, 6, 8, 2048
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-            self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, x):
-            b, t, w = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, w))
-            return x + self.ff(self.norm2(x))
-
-    dev = torch.device("cuda")
-    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(layers)],
-                          nn.LayerNorm(width), nn.Linear(width, vocab)).to(dev)
+    """The suite's transformer LM (models.py), sequence 2048, on a batch of `batch`."""
+    model = models.transformer_lm(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
+    tokens = torch.randint(0, models.LM_VOCAB, (batch, 2048 + 1), device="cuda")
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss = models.lm_loss(torch, model, tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
