@@ -17,8 +17,9 @@
     "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
     "pool of cached, stitched VMM chunks; experimental)")                           \
   X(pool_headroom, percent, "1.5",                                                   \
-    "pool:vmm grows while it holds at most this percentage more than its peak use; "  \
-    "beyond, it restitches cached memory (more: faster, less: less memory)")          \
+    "pool:vmm makes new memory while it holds at most this percentage more than its " \
+    "peak use; beyond, it remakes free chunks at the size needed and waits for "       \
+    "pending frees instead (more: less waiting, less: less memory)")                  \
   X(device_budget, amount, "100%",                                                   \
     "pool:vmm holds at most this much of each device's own memory (a size such as "   \
     "60G, or a share of the device's memory); what does not fit spills to a peer "    \

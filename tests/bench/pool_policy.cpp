@@ -4,13 +4,16 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R]
-//               [--max-steady-maps M] TRACE...
+//               [--max-steady-maps M] [--own-cost] TRACE...
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
 // a trace's peak ratio, or its mappings per allocation in the steady state,
 // exceed them (the policy is deterministic: regression guards, not timings).
+// --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
+// ordered free) on the accounting driver.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -204,6 +207,29 @@ int replay(const std::string& path) {
 
 }  // namespace
 
+// The pool's own CPU cost of a cache hit: cuMemAllocAsync + cuMemFreeAsync
+// pairs on one stream, the driver doing nothing (its calls are a few ns).
+void own_cost() {
+  accounts = Accounts();
+  recorded.clear();
+  const gmem::vmm::Driver driver = accounting_driver();
+  gmem::pool::VmmPool pool(driver, nullptr);
+  for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{1} << 30}) {
+    constexpr int pairs = 1000000;
+    gmem::pool::Block block;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < pairs; ++i) {
+      pool.alloc(&block, size, 0, nullptr, 1, false);
+      pool.free_async(block.base, {nullptr, 1}, false, false);
+    }
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+    const std::string name = size >= (1 << 30) ? std::to_string(size >> 30) + "GiB"
+                             : size >= (1 << 20) ? std::to_string(size >> 20) + "MiB"
+                                                 : std::to_string(size >> 10) + "KiB";
+    printf("BENCH pool_own_alloc_free_async_%s %.1f ns\n", name.c_str(), ns / pairs);
+  }
+}
+
 int main(int argc, char** argv) {
   int failed = 0, traces = 0;
   for (int i = 1; i < argc; ++i) {
@@ -218,13 +244,17 @@ int main(int argc, char** argv) {
       passes = std::max<std::size_t>(1, std::strtoull(argv[++i], nullptr, 10));
     } else if (a == "--max-ratio" && i + 1 < argc) {
       max_ratio = std::strtod(argv[++i], nullptr);
+    } else if (a == "--own-cost") {
+      own_cost();
+      ++traces;
     } else {
       failed |= replay(a);
       ++traces;
     }
   }
   if (!traces) {
-    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] TRACE...\n");
+    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R] "
+                    "[--max-steady-maps M] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;
