@@ -28,24 +28,28 @@ struct Block {
   bool async = false;
 };
 
-// The first and last word must still hold the value written when allocated.
-bool intact(const Block& b) {
-  uint32_t first = 0, last = 0;
-  if (!ok(cuMemcpyDtoH_v2(&first, b.ptr, 4), "cuMemcpyDtoH") ||
-      !ok(cuMemcpyDtoH_v2(&last, b.ptr + (b.words - 1) * 4, 4), "cuMemcpyDtoH")) {
+// The first and last word must still hold the value written when allocated;
+// both are read on `stream` into the pinned `words`, with one wait.
+bool intact(const Block& b, CUstream stream, uint32_t* words) {
+  words[0] = words[1] = ~b.value;
+  if (!ok(cuMemcpyDtoHAsync_v2(&words[0], b.ptr, 4, stream), "cuMemcpyDtoHAsync") ||
+      !ok(cuMemcpyDtoHAsync_v2(&words[1], b.ptr + (b.words - 1) * 4, 4, stream), "cuMemcpyDtoHAsync") ||
+      !ok(cuStreamSynchronize(stream), "cuStreamSynchronize")) {
     return false;
   }
-  return first == b.value && last == b.value;
+  return words[0] == b.value && words[1] == b.value;
 }
 
 void worker(CUcontext ctx, unsigned id, long iterations) {
   if (!ok(cuCtxSetCurrent(ctx), "cuCtxSetCurrent")) return;
   CUstream stream;
   if (!ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) return;
+  uint32_t* words = nullptr;
+  if (!ok(cuMemAllocHost_v2(reinterpret_cast<void**>(&words), 2 * sizeof(uint32_t)), "cuMemAllocHost")) return;
   std::mt19937 rng(id);
   std::vector<Block> live;
   auto release = [&](const Block& b) {
-    if (!intact(b) && failures.fetch_add(1) < 5) fprintf(stderr, "stress: data of thread %u changed\n", id);
+    if (!intact(b, stream, words) && failures.fetch_add(1) < 5) fprintf(stderr, "stress: data of thread %u changed\n", id);
     ok(b.async ? cuMemFreeAsync(b.ptr, stream) : cuMemFree_v2(b.ptr), "free");
   };
   for (long i = 0; i < iterations && failures.load() == 0; ++i) {
@@ -55,7 +59,7 @@ void worker(CUcontext ctx, unsigned id, long iterations) {
     b.async = rng() % 2;
     CUresult r = b.async ? cuMemAllocAsync(&b.ptr, b.words * 4, stream) : cuMemAlloc_v2(&b.ptr, b.words * 4);
     if (!ok(r, "alloc")) break;
-    if (!ok(cuMemsetD32_v2(b.ptr, b.value, b.words), "cuMemsetD32")) break;
+    if (!ok(cuMemsetD32Async(b.ptr, b.value, b.words, stream), "cuMemsetD32Async")) break;
     live.push_back(b);
     if (live.size() > 8 || rng() % 3 == 0) {
       std::size_t k = rng() % live.size();
@@ -66,6 +70,7 @@ void worker(CUcontext ctx, unsigned id, long iterations) {
   for (const Block& b : live) release(b);
   ok(cuStreamSynchronize(stream), "cuStreamSynchronize");
   ok(cuStreamDestroy_v2(stream), "cuStreamDestroy");
+  ok(cuMemFreeHost(words), "cuMemFreeHost");
 }
 
 }  // namespace
