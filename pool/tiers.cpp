@@ -217,6 +217,17 @@ bool Tiers::device_may_hold(int device, std::size_t pool_bytes, std::size_t size
   return size <= room;
 }
 
+std::size_t Tiers::device_free_locked(int device, std::size_t pool_bytes) {
+  std::size_t free = 0, total = 0;
+  if (driver_.cuMemGetInfo_v2(&free, &total) != CUDA_SUCCESS) return 0;
+  return std::min(free, device_room(device, pool_bytes));
+}
+
+std::size_t Tiers::device_free(int device, std::size_t pool_bytes) {
+  std::lock_guard lock(mutex_);
+  return device_free_locked(device, pool_bytes);
+}
+
 CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out) {
   std::unique_lock lock(mutex_);
   DeviceInfo& d = info(device);
@@ -224,9 +235,8 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   want = round_up(want, granularity);
   // The device itself, for the part of `want` that still fits: the pool asked
   // for all of it at once, which the driver refused.
-  std::size_t free = 0, total = 0;
-  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
-    const std::size_t room = round_down(std::min(free, device_room(device, pool_bytes)), granularity);
+  {
+    const std::size_t room = round_down(device_free_locked(device, pool_bytes), granularity);
     if (room && room < want) {
       lock.unlock();
       if (vmm::Chunk::create(driver_, device, room, out) == CUDA_SUCCESS) return CUDA_SUCCESS;

@@ -41,6 +41,9 @@ class Tiers final : public vmm::ChunkObserver {
   // Whether `device`'s own memory may grow by `size` bytes while the pool holds
   // `pool_bytes` for it (in every tier): the device budget.
   bool device_may_hold(int device, std::size_t pool_bytes, std::size_t size);
+  // What `device` (whose context is current) could still give the pool while
+  // it holds `pool_bytes` for it: its free memory, within its budget.
+  std::size_t device_free(int device, std::size_t pool_bytes);
   // One chunk of at most `want` bytes for `device` (whose context is current),
   // where the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with
@@ -102,6 +105,7 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t peer_room(int peer);
   // Room on `device` itself (its context current) within its budget; under mutex_.
   std::size_t device_room(int device, std::size_t pool_bytes);
+  std::size_t device_free_locked(int device, std::size_t pool_bytes);
   std::size_t host_budget_locked();
   std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }
   void publish(int device);

@@ -158,6 +158,7 @@ CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out, bool spil
   piece.memory = std::move(memory);
   piece.self = d.pieces.begin();
   piece.id = ++pieces_made_;
+  piece.spilled = !(piece.memory.location() == vmm::Location::device(device));
   piece.holder = chosen;
   *out = &piece;
   return CUDA_SUCCESS;
@@ -263,6 +264,7 @@ void VmmPool::drop_piece(int device, Piece& piece) {
   }
   settle(piece.pending);
   d.figures.reserved -= piece.memory.size();
+  if (!piece.spilled) d.full = false;  // the device has room again
   publish(device, GMEM_STAT_reserved_bytes, -int64_t(piece.memory.size()));
   publish(device, GMEM_STAT_chunks, -1);
   ++d.work.chunks_released;
@@ -295,7 +297,7 @@ bool VmmPool::cache_empty_slabs(int device, bool wait) {
 }
 
 void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
-                        std::vector<Piece*>* parts, std::size_t* covered) {
+                        bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered) {
   Device& d = devices_[device];
   // What a stitched range may hold beyond its request: a 32nd of it.
   const std::size_t slack = size / 32;
@@ -305,7 +307,7 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     }
     return nullptr;
   };
-  auto reusable = [&](Piece& p) { return ready(p.pending, stream); };
+  auto reusable = [&](Piece& p) { return (spilled_too || !p.spilled) && ready(p.pending, stream); };
   while (*covered < size) {
     const std::size_t need = size - *covered;
     auto fits = d.free_pieces.lower_bound({need, 0});
@@ -321,8 +323,11 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     const bool split = !piece && !may_grow;
     // Made again only once nothing may use it or the ranges it is mapped in:
     // rather than grow beyond the headroom, the pool waits for that.
-    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p, false); });
-    if (split && !piece) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return droppable(p, true); });
+    // (The device's own: the part made again is the device's.)
+    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return !p.spilled && droppable(p, false); });
+    if (split && !piece) {
+      piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return !p.spilled && droppable(p, true); });
+    }
     if (!piece) break;
     const std::size_t bytes = piece->memory.size();
     // Out of the free ones while chosen; its pending free stays until it is held.
@@ -348,7 +353,11 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
   std::size_t covered = 0;
   // While the pool may grow, new memory rather than more mappings; beyond,
   // as many free chunks as it takes.
-  take_free(device, size, stream, grow, grow ? max_parts : most_parts, &parts, &covered);
+  take_free(device, size, stream, grow, grow ? max_parts : most_parts, false, &parts, &covered);
+  // A full device has no new memory to give: spilled chunks the pool holds first.
+  if (covered < size && device_full(d, device, size - covered)) {
+    take_free(device, size, stream, false, grow ? max_parts : most_parts, true, &parts, &covered);
+  }
   auto give_back = [&] {
     for (Piece* p : parts) set_free(d, *p);
     publish_free_figures(device);
@@ -358,12 +367,17 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     CUresult status = new_piece(device, size - covered, &fresh);
     if (status == CUDA_ERROR_OUT_OF_MEMORY) {
       // The device is full: every free the pool waits on completes, and all
-      // it holds may serve.
+      // it holds may serve, its own memory first.
+      d.full = true;
       publish(device, GMEM_STAT_oom_releases, 1);
       complete_pending_frees();
       cache_empty_slabs(device, false);
-      take_free(device, size, 0, false, SIZE_MAX, &parts, &covered);
+      take_free(device, size, 0, false, SIZE_MAX, false, &parts, &covered);
       status = covered < size ? new_piece(device, size - covered, &fresh) : CUDA_SUCCESS;
+      if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+        take_free(device, size, 0, false, SIZE_MAX, true, &parts, &covered);
+        status = covered < size ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+      }
     }
     // What the device cannot hold, peers and then the host may, a chunk per tier.
     while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ && new_piece(device, size - covered, &fresh, true) == 0) {
@@ -409,7 +423,32 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     give_back();
     return status;
   }
+  if (!d.full && tiers_ && tiers_->spilled(device)) drop_spilled_free(device);
   return CUDA_SUCCESS;
+}
+
+void VmmPool::drop_spilled_free(int device) {
+  Device& d = devices_[device];
+  std::vector<Piece*> spilled;
+  for (auto& [key, piece] : d.free_pieces) {
+    if (piece->spilled && droppable(*piece, false)) spilled.push_back(piece);
+  }
+  for (Piece* p : spilled) drop_piece(device, *p);
+  if (!spilled.empty()) publish_free_figures(device);
+}
+
+bool VmmPool::spilled(const Range& range) {
+  return std::any_of(range.pieces.begin(), range.pieces.end(), [](const Piece* p) { return p->spilled; });
+}
+
+bool VmmPool::device_full(Device& d, int device, std::size_t size) {
+  if (!d.full || !tiers_) return d.full;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now - d.full_checked_ns < full_recheck_ns) return true;
+  d.full_checked_ns = now;
+  d.full = tiers_->device_free(device, d.figures.reserved) < size;
+  return d.full;
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
@@ -488,18 +527,24 @@ CUresult VmmPool::take_range(std::size_t rounded, Device& d, int device, StreamI
   // a miss, and a request always prefers older ones, so a job that repeats
   // its steps settles: a request finds what it had last step, and one that
   // missed finds the range made for it then (nothing it precedes changed).
-  auto oldest = [&] {
+  auto oldest = [&](bool spilled_too) {
     auto best = d.cached.end();
     for (auto it = d.cached.lower_bound(rounded); it != d.cached.end() && it->first <= most; ++it) {
       if (best != d.cached.end() && it->first != best->first) break;
-      if ((best == d.cached.end() || it->second->id < best->second->id) && ready(*it->second, stream)) best = it;
+      if ((best == d.cached.end() || it->second->id < best->second->id) && (spilled_too || !spilled(*it->second)) &&
+          ready(*it->second, stream)) {
+        best = it;
+      }
     }
     return best;
   };
-  auto best = oldest();
+  const bool spills = tiers_ && tiers_->spilled(device);
+  auto best = oldest(!spills);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
   // (once their frees have completed), and may serve.
-  if (best == d.cached.end() && !may_grow(d, rounded) && cache_empty_slabs(device, true)) best = oldest();
+  if (best == d.cached.end() && !may_grow(d, rounded) && cache_empty_slabs(device, true)) best = oldest(!spills);
+  // Spilled ranges serve while the device is full.
+  if (best == d.cached.end() && spills && device_full(d, device, rounded)) best = oldest(true);
   if (best != d.cached.end()) {
     Range* r = best->second;
     d.cached.erase(best);

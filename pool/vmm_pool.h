@@ -163,6 +163,7 @@ class VmmPool {
     Pending pending;             // while free
     std::vector<Range*> ranges;  // the ranges it is mapped in
     uint64_t id = 0;  // chunks made before it have lower ones
+    bool spilled = false;  // made by the tiers somewhere other than the device
     std::map<std::pair<std::size_t, uint64_t>, Piece*>::iterator free_entry;  // while free
     std::list<Piece>::iterator self;
   };
@@ -200,6 +201,11 @@ class VmmPool {
     Figures figures;
     Work work;
     std::size_t peak_used = 0;  // the most ever in use (figures.used_high may be reset)
+    // The device refused memory: spilled memory the pool holds may serve
+    // until some of the device's own goes back, or the device has room again
+    // (asked at most every `full_recheck_ns`).
+    bool full = false;
+    int64_t full_checked_ns = 0;
   };
 
   // A free block of a slab of `class_size`, or a new slab's first.
@@ -207,6 +213,9 @@ class VmmPool {
                       std::size_t* index);
   // A cached whole range of at least `rounded` bytes whose chunks are all free
   // and reusable on `stream`, or a new one.
+  // Spilled memory serves last: a cached range with spilled chunks only while
+  // the device is full, and a new range takes the device's free chunks and
+  // new device memory before spilled free chunks and new spills.
   CUresult take_range(std::size_t rounded, Device& d, int device, StreamId stream, Range** range);
   // A new range of at least `size` bytes on `device`, stitched from free chunks
   // reusable on `stream` and new memory; its chunks are held.
@@ -214,8 +223,15 @@ class VmmPool {
   // Moves free chunks reusable on `stream` into `parts` (at most `most_parts`)
   // until they cover `size` or none serves; a chunk far too big is made again
   // at the size needed unless `may_grow` (new memory may then serve instead).
+  // Spilled chunks only with `spilled_too`.
   void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
-                 std::vector<Piece*>* parts, std::size_t* covered);
+                 bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered);
+  // Whether `d` is full, asking the tiers again if it was last asked long ago.
+  bool device_full(Device& d, int device, std::size_t size);
+  // While the device has room, spilled free chunks that nothing may use go
+  // back to their tiers: new requests are served from the device.
+  void drop_spilled_free(int device);
+  static bool spilled(const Range& range);
   // A new chunk of `size` bytes on `device`; with `spill`, one the tiers make
   // (a peer's or the host's, at most `size` bytes).
   CUresult new_piece(int device, std::size_t size, Piece** out, bool spill = false);
@@ -275,6 +291,7 @@ class VmmPool {
   // Ranges one chunk may be mapped in at once; beyond, the least recently
   // used free one is unmapped.
   static constexpr std::size_t max_ranges_per_piece = 32;
+  static constexpr int64_t full_recheck_ns = 10'000'000;
 
   const vmm::Driver& driver_;
   Publisher* const publisher_;

@@ -167,6 +167,37 @@ TEST_F(Spill, AnAllocationLargerThanTheDeviceSpans) {
   alloc(64 * mib + 24 * mib + 48 * mib + 2 * mib, CUDA_ERROR_OUT_OF_MEMORY);
 }
 
+// Spilled memory serves last. While the device is full, a freed spilled range
+// serves a request of its size again as it is (no new chunk); once the device
+// has room, a request takes the device's memory instead, and the spilled
+// free memory goes back to its tier.
+TEST_F(Spill, SpilledMemoryServesOnlyWhileTheDeviceIsFull) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);  // 24 MiB on the device, 16 on the peer
+  OwnStats stats;
+  ASSERT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 16 * mib);
+  free(b);
+  const uint64_t chunks = stats.device(0, GMEM_STAT_chunks);
+  CUdeviceptr again = alloc(40 * mib);
+  EXPECT_EQ(again, b);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_chunks), chunks);
+  EXPECT_EQ(stats.placement(again).peer_bytes, 16 * mib);
+  free(again);
+  // a's 40 MiB go back to the driver: the device has room.
+  free(a);
+  CUmemoryPool mempool = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemPoolTrimTo(mempool, 40 * mib), CUDA_SUCCESS);
+  CUdeviceptr c = alloc(40 * mib);
+  fill(c, 40 * mib, 9);
+  check(c, 40 * mib, 9);
+  EXPECT_EQ(stats.placement(c).tier, GMEM_TIER_DEVICE);
+  EXPECT_EQ(stats.placement(c).peer_bytes, 0u);
+  EXPECT_EQ(driver_memory_type(c + 39 * mib), CU_MEMORYTYPE_DEVICE);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 0u);
+}
+
 // The program asked for device memory: every pointer query answers so for
 // the whole allocation, the host part included (the driver would say host).
 TEST_F(Spill, PointerQueriesDescribeTheWholeAllocationAsDeviceMemory) {
