@@ -9,6 +9,13 @@ tried, and gmem's step time against expandable_segments' at the largest size
 both train. A try that fails other than by running out of memory fails the run.
 
   python3 tests/gpu/sweep.py --shim .carry/libcuda.so.1 --job gnn --sizes 2e6 2.5e6 3e6 --out DIR
+
+Each try's child (this file with --child) prints one JSON line: its step times
+and peaks, every step's loss (float.hex, warmup included), the GPU's name and
+total memory and, under gmem, the tiers gmem holds at the end (its stats file);
+with --deterministic it trains under torch.use_deterministic_algorithms.
+tests/gpu/spill_train.py runs the same children at fixed sizes past the GPU's
+memory and for losses to compare across machines.
 """
 import argparse
 import json
@@ -31,6 +38,11 @@ SETTINGS = {  # name: (PYTORCH_CUDA_ALLOC_CONF, under gmem)
     "gmem-async": ("backend:cudaMallocAsync", True),
 }
 OOM_EXIT = 3
+NOT_DETERMINISTIC_EXIT = 4  # a deterministic child met an op with no deterministic implementation
+# gmem's figures per device from its stats file (include/gmem/stats.h), read by
+# the child at the end: what each tier holds.
+GMEM_TIERS = ("reserved_bytes", "peak_reserved_bytes", "host_reserved_bytes", "peer_reserved_bytes",
+              "device_bytes", "host_bytes", "peer_bytes")
 GMEM_PEAK = re.compile(r"gmem: report vmm-pool device=0 reserved_peak=(\d+)")
 
 
@@ -71,33 +83,55 @@ JOBS = {"gnn": gnn_step, "lm": lm_step}
 
 def child(args):
     """One try: builds the job at --size, runs --steps steps after --warmup
-    steps, prints one JSON line; exits OOM_EXIT if it ran out of memory."""
+    steps, prints one JSON line; exits OOM_EXIT if it ran out of memory, and
+    NOT_DETERMINISTIC_EXIT if --deterministic met an op torch cannot run
+    deterministically."""
     import torch
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)  # CUBLAS_WORKSPACE_CONFIG comes in the environment
     torch.manual_seed(0)
+    losses = []  # Python floats only: .item() each step, no tensor kept
     try:
         step = JOBS[args.job](torch, int(args.size))
         for _ in range(args.warmup):
-            step()
+            losses.append(step().item())
         times = []
         for _ in range(args.steps):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            loss = step()
-            loss.item()
+            losses.append(step().item())
             times.append(time.perf_counter() - start)
     except torch.OutOfMemoryError as e:
         print(json.dumps({"oom": str(e).splitlines()[0][:200]}))
         return OOM_EXIT
+    except RuntimeError as e:
+        if not (args.deterministic and "deterministic" in str(e)):
+            raise
+        print(json.dumps({"not_deterministic": " ".join(str(e).split())[:400]}))
+        return NOT_DETERMINISTIC_EXIT
     stats = torch.cuda.memory_stats()
-    print(json.dumps({"step_ms": statistics.median(times) * 1e3,
-                      "tensors_peak": torch.cuda.max_memory_allocated(),
-                      "reserved_peak": stats.get("reserved_bytes.all.peak", 0),
-                      "loss": float(loss)}))
+    result = {"step_ms": statistics.median(times) * 1e3,
+              "tensors_peak": torch.cuda.max_memory_allocated(),
+              "reserved_peak": stats.get("reserved_bytes.all.peak", 0),
+              "loss": losses[-1],
+              "losses": [x.hex() for x in losses],
+              "gpu": torch.cuda.get_device_name(0),
+              "total_memory": torch.cuda.get_device_properties(0).total_memory,
+              "torch": torch.__version__}
+    if "GMEM_CONF" in os.environ:  # attempt() sets it only under gmem
+        import gmem_stats
+        try:
+            figures = gmem_stats.read_own(0)
+            result["gmem_tiers"] = {k: figures[k] for k in GMEM_TIERS}
+        except (gmem_stats.StatsError, KeyError) as e:
+            result["gmem_tiers_error"] = str(e)
+    print(json.dumps(result))
     return 0
 
 
-def attempt(args, setting, size):
-    """Runs one try; returns a dict: ok, oom, or error, and the figures."""
+def attempt(args, setting, size, deterministic=False):
+    """Runs one try; returns a dict: ok, oom, or error, and the figures (with
+    gmem's `gmem: report` lines and the environment it set)."""
     conf, gmem = SETTINGS[setting]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")}
     if conf:
@@ -107,25 +141,38 @@ def attempt(args, setting, size):
         env["GMEM_CONF"] = ",".join(filter(None, ["pool:vmm,report:1", args.conf]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", args.job, "--size", str(size),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
-                     if k in env)
-    log = os.path.join(args.out, f"sweep-{args.job}-{setting}-{size}.log")
+    shown_keys = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS is deterministic only with a fixed workspace
+        cmd.append("--deterministic")
+        shown_keys += ("CUBLAS_WORKSPACE_CONFIG",)
+    shown = {k: env[k] for k in shown_keys if k in env}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+    log = os.path.join(args.out, f"sweep-{args.job}-{setting}-{size}{'-deterministic' * deterministic}.log")
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         code, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         code, out, err = None, "", f"timed out after {args.timeout} s"
     with open(log, "w") as f:
-        f.write(f"$ {shown} {' '.join(cmd)}\n--- stdout\n{out}--- stderr\n{err}--- exit {code}\n")
+        f.write(f"$ {prefix} {' '.join(cmd)}\n--- stdout\n{out}--- stderr\n{err}--- exit {code}\n")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     if code == 0 and "step_ms" in result:
         peak = GMEM_PEAK.search(err)
-        physical = int(peak[1]) if gmem and peak else result["reserved_peak"]
-        return result | {"ok": True, "physical_peak": physical}
+        gmem_peak = int(peak[1]) if gmem and peak else None
+        physical = gmem_peak if gmem_peak is not None else result["reserved_peak"]
+        report = [line for line in err.splitlines() if line.startswith("gmem: report")]
+        return result | {"ok": True, "physical_peak": physical, "gmem_peak": gmem_peak, "report": report,
+                         "env": shown, "log": log}
     if code == OOM_EXIT:
-        return {"ok": False, "oom": True}
-    return {"ok": False, "oom": False, "error": f"exit {code}: {(err.strip().splitlines() or [''])[-1][:200]}"}
+        return {"ok": False, "oom": True, "log": log}
+    if code == NOT_DETERMINISTIC_EXIT:
+        return {"ok": False, "oom": False, "log": log,
+                "error": f"not deterministic (no deterministic implementation): {result.get('not_deterministic')}"}
+    # The last line that is not gmem's report (printed at exit, after the error).
+    said = [line for line in err.strip().splitlines() if not line.startswith("gmem: report")]
+    return {"ok": False, "oom": False, "log": log, "error": f"exit {code}: {(said or [''])[-1][:200]}"}
 
 
 def main():
@@ -134,6 +181,7 @@ def main():
     ap.add_argument("--sizes", nargs="+", type=float, help="sizes to bisect over (nodes, or batch)")
     ap.add_argument("--size", type=float, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the gmem runs")

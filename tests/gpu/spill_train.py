@@ -1,0 +1,210 @@
+"""Training past the GPU's memory on gmem's spill tiers, with sweep.py's
+children (one process per run, the same GCN / transformer LM and settings).
+Three modes:
+
+step times (default): --sizes S... [--reference R]
+  Runs each size once under --setting (gmem-async), no bisection, and the
+  reference size R in memory under --reference-setting (expandable). Prints a
+  markdown table: median step time, gmem's reserved peak and that peak as a
+  multiple of the GPU's total memory, R's step time scaled to the size
+  (step(R) x size / R) and spilled / scaled; then, per size, the tiers gmem
+  held at the end (its stats file) and its `gmem: report` lines. BENCH lines:
+  spill_<job>_<size>_step_ms, _gpu_multiple, _vs_in_memory_scaled, and
+  spill_<job>_<R>_in_memory_step_ms. A size that runs out of memory is a row
+  saying so; any other failure, or a reference that does not train, fails the run.
+
+losses: --losses FILE --size S
+  One run at S under --setting with torch.use_deterministic_algorithms(True)
+  and CUBLAS_WORKSPACE_CONFIG=:4096:8; writes every step's loss (float.hex,
+  warmup steps first) to FILE as JSON with the job, size, setting, GPU, torch
+  and the environment set (PYTORCH_CUDA_ALLOC_CONF, GMEM_CONF, ...).
+
+compare: --compare A.json B.json
+  Exit 0 if the two runs' losses are bit-identical, else 1, naming the first
+  step that differs.
+
+  python3 tests/gpu/spill_train.py --shim .carry/libcuda.so.1 --job gnn --sizes 3.6e6 4.7e6 --reference 3.6e6 --out DIR
+  python3 tests/gpu/spill_train.py --job gnn --size 4.7e6 --setting async --losses h200.json
+  python3 tests/gpu/spill_train.py --compare h200.json h100.json
+
+Spilled steps may take many seconds each: --warmup 1 and --steps 2 by default,
+--timeout per run.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep  # noqa: E402
+
+GB = 1e9
+
+
+def step_times(args):
+    """The step-time mode: the table and the BENCH lines; exit status."""
+    sizes = sorted(set(int(s) for s in args.sizes))
+    failed = []
+    ref, ref_ms = (int(args.reference) if args.reference else None), None
+    if ref:
+        r = sweep.attempt(args, args.reference_setting, ref)
+        print(f"reference {args.reference_setting} {args.job} {ref}: " + describe(r), flush=True)
+        if r["ok"]:
+            ref_ms, ref_gpu = r["step_ms"], r["gpu"]
+        else:
+            failed.append(f"the reference {ref} under {args.reference_setting}")
+    runs = {}
+    for size in sizes:
+        runs[size] = r = sweep.attempt(args, args.setting, size)
+        print(f"{args.setting} {args.job} {size}: " + describe(r), flush=True)
+        if not r["ok"] and not r["oom"]:
+            failed.append(f"{size} under {args.setting}")
+
+    scaled_how = (f"{args.reference_setting} {ref}: {ref_ms:.1f} ms x size / {ref}" if ref_ms
+                  else "the reference failed" if ref else "no --reference")
+    print(f"\n| {args.job} size | step (ms) | reserved peak (GB) | x GPU memory "
+          f"| in-memory step scaled (ms; {scaled_how}) | spilled / scaled |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    figures = {}
+    for size, r in runs.items():
+        if not r["ok"]:
+            why = "out of memory" if r["oom"] else "failed: " + r["error"].replace("|", "/")
+            print(f"| {size} | {why} | | | | |")
+            continue
+        scaled = ref_ms * size / ref if ref_ms else None
+        f = figures[size] = {"step_ms": r["step_ms"], "gpu_multiple": r["physical_peak"] / r["total_memory"],
+                             "vs_in_memory_scaled": r["step_ms"] / scaled if scaled else None}
+        print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
+              + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |"))
+    gpus = {r["gpu"] for r in runs.values() if r["ok"]} | ({ref_gpu} if ref_ms else set())
+    totals = ", ".join(sorted({f"{r['total_memory'] / GB:.1f} GB" for r in runs.values() if r["ok"]}))
+    if gpus:
+        print(f"\nGPU: {', '.join(sorted(gpus))}, total memory {totals}; reserved peak: gmem's `reserved_peak` "
+              "under gmem, torch's reserved_bytes.all.peak without.")
+    for size, r in runs.items():
+        if r["ok"]:
+            print(f"\n{size}, {args.setting} ({r['log']}):")
+            print(tiers_line(size, r))
+            if r["report"]:
+                print("```\n" + "\n".join(r["report"]) + "\n```")
+    print()
+    if ref_ms:
+        print(f"BENCH spill_{args.job}_{ref}_in_memory_step_ms {ref_ms:.2f} ms")
+    for size, f in figures.items():
+        print(f"BENCH spill_{args.job}_{size}_step_ms {f['step_ms']:.2f} ms")
+        print(f"BENCH spill_{args.job}_{size}_gpu_multiple {f['gpu_multiple']:.3f} x")
+        if f["vs_in_memory_scaled"] is not None:
+            print(f"BENCH spill_{args.job}_{size}_vs_in_memory_scaled {f['vs_in_memory_scaled']:.3f} x")
+    if failed:
+        print(f"spill_train: failed: {'; '.join(failed)} (logs in {args.out})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def tiers_line(size, r):
+    """Where gmem's memory was at the end of a run, by tier (from the child's
+    read of gmem's stats file): held (reserved) and live."""
+    t = r.get("gmem_tiers")
+    if not t:
+        return f"- {size}: gmem's tiers not read: {r.get('gmem_tiers_error', 'not under gmem')}"
+    held, host, peer = t["reserved_bytes"], t["host_reserved_bytes"], t["peer_reserved_bytes"]
+    return (f"- {size}: gmem holds at the end {held / GB:.1f} GB: device {(held - host - peer) / GB:.1f}, "
+            f"peer {peer / GB:.1f}, host {host / GB:.1f} GB (peak held {t['peak_reserved_bytes'] / GB:.1f} GB); "
+            f"live: device {t['device_bytes'] / GB:.1f}, peer {t['peer_bytes'] / GB:.1f}, "
+            f"host {t['host_bytes'] / GB:.1f} GB")
+
+
+def describe(r):
+    """One run in a few words."""
+    if r["ok"]:
+        return f"{r['step_ms']:.1f} ms/step, reserved peak {r['physical_peak'] / GB:.1f} GB"
+    return "out of memory" if r["oom"] else r["error"]
+
+
+def losses(args):
+    """The losses mode: one deterministic run, its losses written to --losses."""
+    size = int(args.size)
+    r = sweep.attempt(args, args.setting, size, deterministic=True)
+    print(f"{args.setting} {args.job} {size} deterministic: " + describe(r), flush=True)
+    if not r["ok"]:
+        print(f"spill_train: no losses written (log: {r['log']})", file=sys.stderr)
+        return 1
+    record = {"job": args.job, "size": size, "setting": args.setting, "gpu": r["gpu"],
+              "total_memory": r["total_memory"], "torch": r["torch"], "env": r["env"], "deterministic": True,
+              "warmup": args.warmup, "steps": args.steps, "step_ms": r["step_ms"], "reserved_peak": r["physical_peak"],
+              "losses": r["losses"]}
+    with open(args.losses, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    print(f"{len(r['losses'])} losses ({args.warmup} warmup + {args.steps}) on {r['gpu']}, last "
+          f"{float.fromhex(r['losses'][-1])!r}: {args.losses}")
+    return 0
+
+
+def compare(paths):
+    """The compare mode: 0 if both files hold bit-identical losses, else 1."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    a, b = runs
+    for path, r in zip(paths, runs):
+        print(f"{path}: {r['job']} {r['size']} under {r['setting']} on {r['gpu']} (torch {r.get('torch')}), "
+              f"{len(r['losses'])} losses, env {r.get('env')}")
+    if (a["job"], a["size"]) != (b["job"], b["size"]):
+        print(f"not comparable: {a['job']} {a['size']} against {b['job']} {b['size']}")
+        return 1
+    for i, (x, y) in enumerate(zip(a["losses"], b["losses"])):
+        if x != y:
+            print(f"differ: first at step {i} (from 0, warmup steps first): "
+                  f"{x} ({float.fromhex(x)!r}) against {y} ({float.fromhex(y)!r})")
+            return 1
+    if len(a["losses"]) != len(b["losses"]):
+        print(f"differ: the first {min(len(a['losses']), len(b['losses']))} losses are bit-identical, "
+              f"but one run has {len(a['losses'])} and the other {len(b['losses'])}")
+        return 1
+    print(f"bit-identical: all {len(a['losses'])} losses")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two --losses files")
+    ap.add_argument("--losses", metavar="FILE", help="one deterministic run at --size; its losses to FILE (JSON)")
+    ap.add_argument("--job", choices=list(sweep.JOBS), help="gnn (size: nodes) or lm (size: batch)")
+    ap.add_argument("--sizes", nargs="+", type=float, help="step-time mode: the sizes to run")
+    ap.add_argument("--size", type=float, help="losses mode: the size to run")
+    ap.add_argument("--reference", type=float,
+                    help="step-time mode: a size that fits in memory, run under --reference-setting as the baseline")
+    ap.add_argument("--setting", choices=list(sweep.SETTINGS), default="gmem-async",
+                    help="the allocator setting of the runs (default gmem-async)")
+    ap.add_argument("--reference-setting", choices=list(sweep.SETTINGS), default="expandable",
+                    help="the reference's setting (default expandable)")
+    ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
+    ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the gmem runs (after pool:vmm,report:1)")
+    ap.add_argument("--warmup", type=int, default=1, help="steps before the timed ones (default 1)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per run (default 600)")
+    ap.add_argument("--out", default=".", help="folder for the runs' logs")
+    args = ap.parse_args()
+    if args.compare:
+        return compare(args.compare)
+    if not args.job:
+        ap.error("--job is needed")
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be at least 1 and --warmup at least 0")
+    if args.losses:
+        if args.size is None or args.sizes:
+            ap.error("--losses runs one size: give --size, not --sizes")
+        used = [args.setting]
+    else:
+        if not args.sizes or args.size is not None:
+            ap.error("the step-time mode needs --sizes (--size is for --losses)")
+        used = [args.setting] + ([args.reference_setting] if args.reference else [])
+    if any(sweep.SETTINGS[s][1] for s in used) and not args.shim:
+        ap.error("--shim is needed for the gmem settings")
+    os.makedirs(args.out, exist_ok=True)
+    return losses(args) if args.losses else step_times(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
