@@ -264,7 +264,6 @@ void VmmPool::drop_piece(int device, Piece& piece) {
   }
   settle(piece.pending);
   d.figures.reserved -= piece.memory.size();
-  if (!piece.spilled) d.full = false;  // the device has room again
   publish(device, GMEM_STAT_reserved_bytes, -int64_t(piece.memory.size()));
   publish(device, GMEM_STAT_chunks, -1);
   ++d.work.chunks_released;
@@ -323,11 +322,9 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     const bool split = !piece && !may_grow;
     // Made again only once nothing may use it or the ranges it is mapped in:
     // rather than grow beyond the headroom, the pool waits for that.
-    // (The device's own: the part made again is the device's.)
-    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return !p.spilled && droppable(p, false); });
-    if (split && !piece) {
-      piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return !p.spilled && droppable(p, true); });
-    }
+    auto splittable = [&](Piece& p, bool wait) { return (spilled_too || !p.spilled) && droppable(p, wait); };
+    if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return splittable(p, false); });
+    if (split && !piece) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return splittable(p, true); });
     if (!piece) break;
     const std::size_t bytes = piece->memory.size();
     // Out of the free ones while chosen; its pending free stays until it is held.
@@ -335,10 +332,12 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     d.cached_bytes -= bytes;
     piece->holder = chosen;
     if (split) {
+      // Made again where it was: a spilled chunk by the tiers (the device first).
+      const bool spill = piece->spilled;
       drop_piece(device, *piece);
       Piece *part = nullptr, *rest = nullptr;
-      if (new_piece(device, need, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
-      if (new_piece(device, bytes - need, &rest) == CUDA_SUCCESS) set_free(d, *rest);
+      if (new_piece(device, need, &part, spill) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (new_piece(device, bytes - part->memory.size(), &rest, spill) == CUDA_SUCCESS) set_free(d, *rest);
       piece = part;
     }
     *covered += piece->memory.size();
@@ -423,18 +422,7 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     give_back();
     return status;
   }
-  if (!d.full && tiers_ && tiers_->spilled(device)) drop_spilled_free(device);
   return CUDA_SUCCESS;
-}
-
-void VmmPool::drop_spilled_free(int device) {
-  Device& d = devices_[device];
-  std::vector<Piece*> spilled;
-  for (auto& [key, piece] : d.free_pieces) {
-    if (piece->spilled && droppable(*piece, false)) spilled.push_back(piece);
-  }
-  for (Piece* p : spilled) drop_piece(device, *p);
-  if (!spilled.empty()) publish_free_figures(device);
 }
 
 bool VmmPool::spilled(const Range& range) {
@@ -694,6 +682,7 @@ void VmmPool::trim_locked(int device, std::size_t keep) {
   for (auto it = d.free_pieces.end(); d.cached_bytes > keep && it != d.free_pieces.begin();) {
     Piece* p = (--it)->second;
     if (!droppable(*p, false)) continue;
+    d.full &= p->spilled;  // the device has room again
     drop_piece(device, *p);
     it = d.free_pieces.end();  // dropping a piece may drop others' entries' neighbours
   }

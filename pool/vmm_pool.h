@@ -202,8 +202,8 @@ class VmmPool {
     Work work;
     std::size_t peak_used = 0;  // the most ever in use (figures.used_high may be reset)
     // The device refused memory: spilled memory the pool holds may serve
-    // until some of the device's own goes back, or the device has room again
-    // (asked at most every `full_recheck_ns`).
+    // until the pool gives some of the device's own back (trim), or the
+    // device has room again (asked at most every `full_recheck_ns`).
     bool full = false;
     int64_t full_checked_ns = 0;
   };
@@ -228,9 +228,6 @@ class VmmPool {
                  bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered);
   // Whether `d` is full, asking the tiers again if it was last asked long ago.
   bool device_full(Device& d, int device, std::size_t size);
-  // While the device has room, spilled free chunks that nothing may use go
-  // back to their tiers: new requests are served from the device.
-  void drop_spilled_free(int device);
   static bool spilled(const Range& range);
   // A new chunk of `size` bytes on `device`; with `spill`, one the tiers make
   // (a peer's or the host's, at most `size` bytes).
