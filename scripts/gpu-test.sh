@@ -341,6 +341,22 @@ if [ "$gpus" -ge 2 ]; then
 elif selected spill-peer; then
   record spill-peer "spill_check .carry/spill" "SKIPPED (needs 2 GPUs, found $gpus)"
 fi
+# Kernel bandwidth on spilled memory (tests/e2e/spill_bw.c): a grid-stride read
+# (16-byte loads, summed and checked against the memset pattern) and write over
+# the 768 MiB of the same allocation that went to pinned host memory (H100), or
+# to the NVLinked peer (two H200s), against raw VMM memory of that tier that the
+# real driver maps for device 0 in the same run. Prints BENCH
+# spill_{host,peer}_{read,write}_gbs, raw_..._gbs and spill_..._ratio; fails on
+# wrong data or a ratio below 0.95.
+spill_bw=("${preload[@]}" GMEM_REAL_LIBCUDA="$real")
+step spill-bw-host 120 "${spill_bw[@]}" \
+  GMEM_CONF=pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:0 "$carry/spill-bw" host 768 256 1024
+if [ "$gpus" -ge 2 ]; then
+  step spill-bw-peer 120 "${spill_bw[@]}" \
+    GMEM_CONF=pool:vmm,device_budget:1G,peer_budget:1G,host_budget:0,host_prepare:0 "$carry/spill-bw" peer 768 256 1024
+elif selected spill-bw-peer; then
+  record spill-bw-peer ".carry/spill-bw peer 768 256 1024" "SKIPPED (needs 2 GPUs, found $gpus)"
+fi
 # The same with the host preparer on (pins ahead once the device is near full).
 step spill-prepared 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:1G \
   "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024

@@ -7,7 +7,6 @@
  * memory the program maps itself (BENCH lines). Exit 0 on success.
  *   spill FILL_MIB BLOCK_MIB SPAN_MIB */
 #include <cuda.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +14,10 @@
 
 #define PROGRAM "spill"
 #include "check.h"
+#include "spill_common.h"
 
 enum { max_blocks = 1024 };
-static const size_t mib = 1 << 20, step = 2 << 20;
+static const size_t mib = 1 << 20;
 
 static double now(void) {
   struct timespec t;
@@ -44,11 +44,8 @@ int main(int argc, char** argv) {
   }
   const size_t fill = strtoull(argv[1], NULL, 10) * mib, block = strtoull(argv[2], NULL, 10) * mib,
                span = strtoull(argv[3], NULL, 10) * mib;
-  const char* real_path = getenv("GMEM_REAL_LIBCUDA");
-  void* real = real_path ? dlopen(real_path, RTLD_NOW) : NULL;
-  CUresult (*real_query)(void*, CUpointer_attribute, CUdeviceptr) =
-      real ? (CUresult(*)(void*, CUpointer_attribute, CUdeviceptr))dlsym(real, "cuPointerGetAttribute") : NULL;
-  if (!real_query) {
+  struct real_driver real;
+  if (open_real_driver(&real) != 0) {
     fprintf(stderr, "spill: set GMEM_REAL_LIBCUDA to the real driver (to ask it past the shim)\n");
     return 2;
   }
@@ -66,21 +63,11 @@ int main(int argc, char** argv) {
   printf("BENCH spill_alloc_%zuMiB %.3f ms\n", span / mib, (now() - t) * 1e3);
 
   /* Where the driver says each 2 MiB lives; gmem must say device 0 throughout. */
-  size_t in_device = 0, on_peer = 0, on_host = 0, host_start = 0, host_run = 0;
-  for (size_t off = 0; off < span; off += step) {
+  struct placement where;
+  CHECK(locate(&real, big, span, dev, &where));
+  for (size_t off = 0; off < span; off += spill_step) {
     unsigned type = 0;
     int ordinal = -1;
-    CHECK(real_query(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, big + off));
-    if (type == CU_MEMORYTYPE_HOST) {
-      if (!on_host || host_start + host_run == off) {
-        if (!on_host) host_start = off;
-        host_run += step;
-      }
-      on_host += step;
-    } else {
-      CHECK(real_query(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, big + off));
-      if (ordinal == dev) in_device += step; else on_peer += step;
-    }
     CUdeviceptr base = 0;
     size_t size = 0;
     int managed = -1;
@@ -95,7 +82,7 @@ int main(int argc, char** argv) {
     }
   }
   printf("spill: the driver places the %zu MiB allocation on device %zu MiB, peer %zu MiB, host %zu MiB\n",
-         span / mib, in_device / mib, on_peer / mib, on_host / mib);
+         span / mib, where.bytes[tier_device] / mib, where.bytes[tier_peer] / mib, where.bytes[tier_host] / mib);
   printf("spill: gmem answers device memory of device %d, with the allocation's bounds, for all of it\n", dev);
 
   unsigned* host = malloc(span);
@@ -117,33 +104,20 @@ int main(int argc, char** argv) {
     }
   }
 
+  const size_t host_run = where.run[tier_host];
   if (host_run) {
     /* The same copy from host-NUMA memory mapped by hand (the raw figure), each
-     * into device memory the program maps itself (no pool, no budget). */
-    int node = -1;
-    CHECK(cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev));
-    CUmemAllocationProp prop = {0};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    prop.location.id = node;
-    CUmemAllocationProp on_device = prop;
-    on_device.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    on_device.location.id = dev;
-    CUmemGenericAllocationHandle h[2];
-    CUdeviceptr raw;
-    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CHECK(cuMemCreate(&h[0], host_run, &prop, 0));
-    CHECK(cuMemCreate(&h[1], host_run, &on_device, 0));
-    CHECK(cuMemAddressReserve(&raw, 2 * host_run, 0, 0, 0));
-    CHECK(cuMemMap(raw, host_run, 0, h[0], 0));
-    CHECK(cuMemMap(raw + host_run, host_run, 0, h[1], 0));
-    CHECK(cuMemSetAccess(raw, 2 * host_run, &access, 1));
-    printf("BENCH spill_host_copy_%zuMiB %.2f GB/s\n", host_run / mib, copy_rate(raw + host_run, big + host_start, host_run));
-    printf("BENCH spill_host_copy_%zuMiB_native %.2f GB/s\n", host_run / mib, copy_rate(raw + host_run, raw, host_run));
-    CHECK(cuMemUnmap(raw, 2 * host_run));
-    CHECK(cuMemAddressFree(raw, 2 * host_run));
-    CHECK(cuMemRelease(h[0]));
-    CHECK(cuMemRelease(h[1]));
+     * into device memory the real driver maps (no pool, no budget). */
+    CUmemLocation on_host, on_device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    struct raw_memory src, dst;
+    CHECK(host_location(dev, &on_host));
+    CHECK(raw_map(&real, on_host, host_run, dev, &src));
+    CHECK(raw_map(&real, on_device, host_run, dev, &dst));
+    printf("BENCH spill_host_copy_%zuMiB %.2f GB/s\n", host_run / mib,
+           copy_rate(dst.ptr, big + where.start[tier_host], host_run));
+    printf("BENCH spill_host_copy_%zuMiB_native %.2f GB/s\n", host_run / mib, copy_rate(dst.ptr, src.ptr, host_run));
+    CHECK(raw_unmap(&real, &src));
+    CHECK(raw_unmap(&real, &dst));
   }
   CHECK(cuMemFree(big));
   for (int i = 0; i < n; ++i) CHECK(cuMemFree(blocks[i]));

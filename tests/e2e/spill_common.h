@@ -1,0 +1,118 @@
+/* What spill.c and spill_bw.c share: the real driver opened past the shim
+ * (GMEM_REAL_LIBCUDA), where it says each 2 MiB of an allocation lives (the
+ * location of the physical allocation mapped there), and raw
+ * VMM memory made with its own functions (no pool, no budget) for the figures
+ * that the spilled memory's are compared with. Include after cuda.h. */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const size_t spill_step = 2 << 20;
+
+/* The real driver's VMM calls, which the shim answers (or serves from its
+ * pool) itself. */
+struct real_driver {
+  __typeof__(cuMemRetainAllocationHandle)* retain;
+  __typeof__(cuMemGetAllocationPropertiesFromHandle)* properties;
+  __typeof__(cuMemCreate)* create;
+  __typeof__(cuMemAddressReserve)* reserve;
+  __typeof__(cuMemMap)* map;
+  __typeof__(cuMemSetAccess)* set_access;
+  __typeof__(cuMemUnmap)* unmap;
+  __typeof__(cuMemAddressFree)* address_free;
+  __typeof__(cuMemRelease)* release;
+};
+
+/* 0 when every function of the real driver named by GMEM_REAL_LIBCUDA was found. */
+static int open_real_driver(struct real_driver* r) {
+  const char* path = getenv("GMEM_REAL_LIBCUDA");
+  void* lib = path ? dlopen(path, RTLD_NOW) : NULL;
+  if (!lib) return -1;
+  r->retain = (__typeof__(r->retain))dlsym(lib, "cuMemRetainAllocationHandle");
+  r->properties = (__typeof__(r->properties))dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+  r->create = (__typeof__(r->create))dlsym(lib, "cuMemCreate");
+  r->reserve = (__typeof__(r->reserve))dlsym(lib, "cuMemAddressReserve");
+  r->map = (__typeof__(r->map))dlsym(lib, "cuMemMap");
+  r->set_access = (__typeof__(r->set_access))dlsym(lib, "cuMemSetAccess");
+  r->unmap = (__typeof__(r->unmap))dlsym(lib, "cuMemUnmap");
+  r->address_free = (__typeof__(r->address_free))dlsym(lib, "cuMemAddressFree");
+  r->release = (__typeof__(r->release))dlsym(lib, "cuMemRelease");
+  return r->retain && r->properties && r->create && r->reserve && r->map && r->set_access && r->unmap &&
+                 r->address_free && r->release
+             ? 0
+             : -1;
+}
+
+enum tier { tier_device, tier_peer, tier_host, tiers };
+static const char* const tier_names[tiers] = {"device", "peer", "host"};
+
+/* Where the real driver places an allocation: how much of it each tier holds,
+ * and each tier's first contiguous run of it. */
+struct placement {
+  size_t bytes[tiers];
+  size_t start[tiers], run[tiers]; /* offsets in the allocation */
+};
+
+/* The placement of [base, base + span), asking the real driver about each 2 MiB. */
+static CUresult locate(const struct real_driver* r, CUdeviceptr base, size_t span, CUdevice dev,
+                       struct placement* p) {
+  memset(p, 0, sizeof *p);
+  for (size_t off = 0; off < span; off += spill_step) {
+    CUmemGenericAllocationHandle handle;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    CUresult s = r->retain(&handle, (void*)(base + off));
+    if (s != CUDA_SUCCESS) return s;
+    s = r->properties(&prop, handle);
+    const CUresult released = r->release(handle);
+    if (s == CUDA_SUCCESS) s = released;
+    if (s != CUDA_SUCCESS) return s;
+    const enum tier t = prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ? tier_host
+                        : prop.location.id == dev                         ? tier_device
+                                                                          : tier_peer;
+    if (!p->bytes[t]) p->start[t] = off;
+    if (p->start[t] + p->run[t] == off) p->run[t] += spill_step;
+    p->bytes[t] += spill_step;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* Pinned memory of `dev`'s host NUMA node, or plain pinned host memory where
+ * the system has none (as the pool's host tier does). */
+static CUresult host_location(CUdevice dev, CUmemLocation* where) {
+  int node = -1;
+  CUresult s = cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+  where->type = node >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  where->id = node >= 0 ? node : 0;
+  return s;
+}
+
+/* Physical memory at `where`, mapped read-write for device `dev` by the real
+ * driver itself: the raw memory of a tier. */
+struct raw_memory {
+  CUmemGenericAllocationHandle handle;
+  CUdeviceptr ptr;
+  size_t size;
+};
+
+static CUresult raw_map(const struct real_driver* r, CUmemLocation where, size_t size, CUdevice dev,
+                        struct raw_memory* m) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = where;
+  const CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  m->size = size;
+  CUresult s = r->create(&m->handle, size, &prop, 0);
+  if (s == CUDA_SUCCESS) s = r->reserve(&m->ptr, size, 0, 0, 0);
+  if (s == CUDA_SUCCESS) s = r->map(m->ptr, size, 0, m->handle, 0);
+  if (s == CUDA_SUCCESS) s = r->set_access(m->ptr, size, &access, 1);
+  return s;
+}
+
+static CUresult raw_unmap(const struct real_driver* r, struct raw_memory* m) {
+  CUresult s = r->unmap(m->ptr, m->size);
+  if (s == CUDA_SUCCESS) s = r->address_free(m->ptr, m->size);
+  if (s == CUDA_SUCCESS) s = r->release(m->handle);
+  return s;
+}
