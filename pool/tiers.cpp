@@ -277,17 +277,25 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
     spare.clear();
     lock.lock();
   }
-  const std::size_t size = std::min(want, round_down(host_room_locked(), granularity));
-  if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  host_held_ += size;
-  lock.unlock();
-  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
-  lock.lock();
-  host_held_ -= size;
-  if (status != CUDA_SUCCESS) return status;
-  host_held_ += size;
-  hold(*out, device, true);
-  return CUDA_SUCCESS;
+  // The host may refuse to pin a chunk that large at once (the node's memory
+  // is short of the budget): halves, down to the granularity, are tried, and
+  // sizes refused are not tried again until host memory goes back.
+  std::size_t size = std::min({want, round_down(host_room_locked(), granularity), host_refused_ - granularity});
+  for (; size >= granularity; size = round_down(size / 2, granularity)) {
+    host_held_ += size;
+    lock.unlock();
+    CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
+    lock.lock();
+    host_held_ -= size;
+    if (status == CUDA_SUCCESS) {
+      host_held_ += size;
+      hold(*out, device, true);
+      return CUDA_SUCCESS;
+    }
+    if (status != CUDA_ERROR_OUT_OF_MEMORY) return status;
+    host_refused_ = std::min(host_refused_, size);
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 void Tiers::hold(const vmm::Chunk& chunk, int device, bool host) {
@@ -315,6 +323,7 @@ void Tiers::released(const vmm::Chunk& chunk) {
   std::erase_if(mapped_, [&](const auto& entry) { return entry.second.handle == chunk.handle(); });
   if (h.host) {
     host_held_ -= h.size;
+    host_refused_ = SIZE_MAX;
   } else {
     devices_[chunk.location().id].peer_held -= h.size;
   }

@@ -126,6 +126,7 @@ class Tiers final : public vmm::ChunkObserver {
   bool host_budget_known_ = false;
   std::size_t host_held_ = 0;
   std::size_t prepared_ = 0;  // of host_held_, prepared chunks not yet used
+  std::size_t host_refused_ = SIZE_MAX;  // the smallest host chunk the driver refused since host memory last went back
   std::map<int, DeviceInfo> devices_;
   std::unordered_map<CUmemGenericAllocationHandle, Held> held_;
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address

@@ -7,6 +7,7 @@
 //   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
 //   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
 //   NoPeer.*    pool:vmm,host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
+//   HostChunks.* pool:vmm,peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
 //   Exit.*      with Spill and with Prepare
 #include <cuda.h>
 #include <dlfcn.h>
@@ -101,6 +102,7 @@ class Tiers : public ::testing::Test {
 using Spill = Tiers;
 using Budget = Tiers;
 using MemInfo = Tiers;
+using HostChunks = Tiers;
 
 // Device 0 holds 64 MiB: after 40 MiB, a 60 MiB allocation takes the 24 MiB
 // left on the device, 24 MiB of the peer (32 MiB less its 8 MiB reserve) and
@@ -500,6 +502,19 @@ TEST_F(NoPeer, WithoutP2PTheHostTakesWhatTheDeviceCannotHold) {
   check(b, 20 * mib, 15);
   OwnStats stats;
   EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
+  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
+}
+
+// Where the host cannot pin a chunk as large as the spill needs at once
+// (here 8 MiB at most), the spill is made of smaller host chunks.
+TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
+  alloc(64 * mib);
+  CUdeviceptr b = alloc(20 * mib);
+  ASSERT_NE(b, 0u);
+  fill(b, 20 * mib, 16);
+  check(b, 20 * mib, 16);
+  OwnStats stats;
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
 }
