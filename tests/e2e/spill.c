@@ -42,15 +42,11 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: spill FILL_MIB BLOCK_MIB SPAN_MIB\n");
     return 2;
   }
-  const size_t fill = strtoull(argv[1], NULL, 10) * mib, block = strtoull(argv[2], NULL, 10) * mib,
-               span = strtoull(argv[3], NULL, 10) * mib;
+  size_t fill, block, span;
   struct real_driver real;
-  if (open_real_driver(&real) != 0) {
-    fprintf(stderr, "spill: set GMEM_REAL_LIBCUDA to the real driver (to ask it past the shim)\n");
-    return 2;
-  }
   CUcontext ctx;
-  CHECK(use_device0(&ctx));
+  const int started = spill_start(argv + 1, &fill, &block, &span, &real, &ctx);
+  if (started) return started;
   const CUdevice dev = 0;
 
   static CUdeviceptr blocks[max_blocks];

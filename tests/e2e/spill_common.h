@@ -43,6 +43,21 @@ static int open_real_driver(struct real_driver* r) {
              : -1;
 }
 
+/* The programs' common start: FILL_MIB BLOCK_MIB SPAN_MIB from `sizes`, the
+ * real driver, and device 0's context current; 0, or the exit status. */
+static int spill_start(char** sizes, size_t* fill, size_t* block, size_t* span, struct real_driver* real,
+                       CUcontext* ctx) {
+  *fill = strtoull(sizes[0], NULL, 10) << 20;
+  *block = strtoull(sizes[1], NULL, 10) << 20;
+  *span = strtoull(sizes[2], NULL, 10) << 20;
+  if (open_real_driver(real) != 0) {
+    fprintf(stderr, "%s: set GMEM_REAL_LIBCUDA to the real driver (to ask it past the shim)\n", PROGRAM);
+    return 2;
+  }
+  CHECK(use_device0(ctx));
+  return 0;
+}
+
 enum tier { tier_device, tier_peer, tier_host, tiers };
 static const char* const tier_names[tiers] = {"device", "peer", "host"};
 
