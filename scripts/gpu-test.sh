@@ -8,7 +8,7 @@
 #   bash scripts/gpu-test.sh [--quick] [STEP...]
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
-#     Steps that take minutes (spill-train-gnn) run only when named in full.
+#     Steps that take minutes (spill-train-gnn, spill-train-lm) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -405,12 +405,16 @@ step stats-plane 200 stats_plane
 sweep=(python3 tests/gpu/sweep.py --shim "$shim" --out "$out/sweep")
 step sweep-gnn 560 "${sweep[@]}" --job gnn --sizes 1500000 2000000 2500000 3000000 3500000 4000000 4500000 5000000
 step sweep-lm 560 "${sweep[@]}" --job lm --sizes 64 96 128 160 192 224 256 320
-# The GCN past the GPU's memory under gmem (about 1.0, 1.3, 1.5 and 1.9x an
-# H100's), against 3.6M nodes in memory under expandable_segments; minutes, so
-# only when named (with GMEM_GPU_BUDGET_S raised to fit).
+# Past the GPU's memory under gmem (host_budget:85%), against a size in memory
+# under expandable_segments scaled to each size: the GCN (about 1.0, 1.3, 1.5 and
+# 1.9x an H100's) and the LM (about 0.9, 1.2, 1.4, 1.8 and 2.1x); minutes each,
+# so only when named (with GMEM_GPU_BUDGET_S raised to fit).
+spill_train=(python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/spill-train" --conf host_budget:85%)
 if named spill-train-gnn; then
-  step spill-train-gnn 580 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/spill-train" --job gnn \
-    --sizes 3600000 4700000 5400000 6800000 --reference 3600000
+  step spill-train-gnn 580 "${spill_train[@]}" --job gnn --sizes 3600000 4700000 5400000 6800000 --reference 3600000
+fi
+if named spill-train-lm; then
+  step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
 fi
 
 # Last, as the time budget cuts from the end: training with the VMM pool serving
@@ -435,14 +439,15 @@ step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf 
     echo
     grep '^- `' "$log" | sed "s|$PWD/||g"
   done
-  if [[ " ${logs[*]} " == *" $out/spill-train-gnn.log "* ]]; then
+  for job in gnn lm; do
+    [[ " ${logs[*]} " == *" $out/spill-train-$job.log "* ]] || continue
     echo
-    echo "Training past the GPU's memory (\`tests/gpu/spill_train.py\`, the GCN):"
+    echo "Training past the GPU's memory (\`tests/gpu/spill_train.py --job $job\`):"
     echo
-    grep '^|' "$out/spill-train-gnn.log"
+    grep '^|' "$out/spill-train-$job.log"
     echo
-    grep -E '^(GPU: |- [0-9]+: gmem)' "$out/spill-train-gnn.log"
-  fi
+    grep -E '^(GPU: |- [0-9]+: gmem)' "$out/spill-train-$job.log"
+  done
   if [[ " ${logs[*]} " == *" $out/allreduce-shim.log "* ]]; then
     echo
     echo "All-reduce under the shim, gmem's reports:"
