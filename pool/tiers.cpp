@@ -234,14 +234,15 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   const std::size_t granularity = d.granularity;
   want = round_up(want, granularity);
   // The device itself, for the part of `want` that still fits: the pool asked
-  // for all of it at once, which the driver refused.
-  {
-    const std::size_t room = round_down(device_free_locked(device, pool_bytes), granularity);
-    if (room && room < want) {
-      lock.unlock();
-      if (vmm::Chunk::create(driver_, device, room, out) == CUDA_SUCCESS) return CUDA_SUCCESS;
-      lock.lock();
+  // for all of it at once, which the driver refused. Not all the memory the
+  // driver calls free can be had in one chunk (an H100 with 65 GB free refused
+  // a 65 GB chunk): halves are tried, and the rest of `want` asks again.
+  if (std::size_t size = std::min(want, round_down(device_free_locked(device, pool_bytes), granularity))) {
+    lock.unlock();
+    for (; size >= granularity; size = round_down(size / 2, granularity)) {
+      if (vmm::Chunk::create(driver_, device, size, out) == CUDA_SUCCESS) return CUDA_SUCCESS;
     }
+    lock.lock();
   }
   const std::vector<vmm::Peer> peers = d.topology.peers;
   for (const vmm::Peer& peer : peers) {

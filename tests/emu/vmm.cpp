@@ -27,7 +27,7 @@ bool on_device(const CUmemLocation& l) { return l.type == CU_MEM_LOCATION_TYPE_D
 
 // Physical memory counts against its device's memory, or the host's pinned memory.
 bool charge_location(const CUmemLocation& l, std::size_t bytes) {
-  if (on_device(l)) return charge(l.id, bytes);
+  if (on_device(l)) return bytes <= state().device_chunk_max && charge(l.id, bytes);
   State& s = state();
   if (bytes > s.host_total - s.host_used || bytes > s.host_chunk_max) return false;
   s.host_used += bytes;

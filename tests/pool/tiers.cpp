@@ -8,6 +8,7 @@
 //   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
 //   NoPeer.*    pool:vmm,host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
 //   HostChunks.* pool:vmm,peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
+//   DeviceChunks.* pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Exit.*      with Spill and with Prepare
 #include <cuda.h>
 #include <dlfcn.h>
@@ -103,6 +104,7 @@ using Spill = Tiers;
 using Budget = Tiers;
 using MemInfo = Tiers;
 using HostChunks = Tiers;
+using DeviceChunks = Tiers;
 
 // Device 0 holds 64 MiB: after 40 MiB, a 60 MiB allocation takes the 24 MiB
 // left on the device, 24 MiB of the peer (32 MiB less its 8 MiB reserve) and
@@ -517,6 +519,19 @@ TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
   OwnStats stats;
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
+}
+
+// Where the device will not make one chunk of all its free memory (here 16
+// MiB at most), the device's memory is still used before any tier's.
+TEST_F(DeviceChunks, TheDeviceIsFilledBeforeAnyTierWhereALargeChunkIsRefused) {
+  CUdeviceptr a = alloc(64 * mib);
+  ASSERT_NE(a, 0u);
+  fill(a, 64 * mib, 17);
+  check(a, 64 * mib, 17);
+  OwnStats stats;
+  EXPECT_EQ(stats.placement(a).tier, GMEM_TIER_DEVICE);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 0u);
 }
 
 // mem_info:tiers: cuMemGetInfo adds the peer's room and the host budget.
