@@ -47,6 +47,7 @@ std::unique_ptr<pool::Publisher> open_stats(const Config& config) {
 pool::Budgets budgets(const Config& config) {
   pool::Budgets b;
   b.device = config.device_budget;
+  b.device_reserve = config.device_reserve;
   b.peer = config.peer_budget;
   b.peer_reserve = config.peer_reserve;
   b.host = config.host_budget;

@@ -23,6 +23,7 @@ enum class MemInfo : bool { device, tiers };
 
 struct Budgets {
   Amount device = Amount::of_share(1.0);       // of the device's memory
+  Amount device_reserve = Amount::of_bytes(uint64_t{1} << 30);  // left free by a spill
   Amount peer = Amount::of_share(1.0);         // of each peer's memory
   Amount peer_reserve = Amount::of_share(0.1); // left free on each peer
   Amount host = Amount::of_share(0.5);         // of MemAvailable when first needed

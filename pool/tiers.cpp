@@ -214,13 +214,16 @@ bool Tiers::device_may_hold(int device, std::size_t pool_bytes, std::size_t size
   // Near full: the next chunks of this size may have to come from the host.
   const std::size_t budget = budgets_.device.of(info(device).total);
   if (preparer_ || room < size + budget / 10) expect_host_chunk(device, size);
+  // Once the device spills, its last memory (device_reserve) stays the driver's.
+  if (spilled(device)) return size <= device_free_locked(device, pool_bytes);
   return size <= room;
 }
 
 std::size_t Tiers::device_free_locked(int device, std::size_t pool_bytes) {
   std::size_t free = 0, total = 0;
   if (driver_.cuMemGetInfo_v2(&free, &total) != CUDA_SUCCESS) return 0;
-  return std::min(free, device_room(device, pool_bytes));
+  const std::size_t reserve = budgets_.device_reserve.of(info(device).total);
+  return std::min(free - std::min(free, reserve), device_room(device, pool_bytes));
 }
 
 std::size_t Tiers::device_free(int device, std::size_t pool_bytes) {

@@ -39,10 +39,13 @@ class Tiers final : public vmm::ChunkObserver {
   Tiers& operator=(const Tiers&) = delete;
 
   // Whether `device`'s own memory may grow by `size` bytes while the pool holds
-  // `pool_bytes` for it (in every tier): the device budget.
+  // `pool_bytes` for it (in every tier): the device budget, and once it
+  // spills, device_free.
   bool device_may_hold(int device, std::size_t pool_bytes, std::size_t size);
   // What `device` (whose context is current) could still give the pool while
-  // it holds `pool_bytes` for it: its free memory, within its budget.
+  // it holds `pool_bytes` for it: its free memory less device_reserve (the
+  // driver's own needs: kernels' local memory, modules; a device filled to its
+  // last chunk failed torch's kernels with out of memory), within its budget.
   std::size_t device_free(int device, std::size_t pool_bytes);
   // One chunk of at most `want` bytes for `device` (whose context is current),
   // where the pool holds `pool_bytes` for it: on the device itself if part of

@@ -24,6 +24,10 @@
     "pool:vmm holds at most this much of each device's own memory (a size such as "   \
     "60G, or a share of the device's memory); what does not fit spills to a peer "    \
     "GPU, then to pinned host memory")                                                \
+  X(device_reserve, amount, "1G",                                                    \
+    "device memory a spill leaves free for the driver's own use (kernels' local "    \
+    "memory, modules): a device filled to its last chunk fails kernels with out of " \
+    "memory (a size, or a share of the device's memory)")                            \
   X(peer_budget, amount, "100%",                                                     \
     "the most pool:vmm spills to each peer GPU the device can reach (P2P, NVLink "    \
     "first), as a size or a share of the peer's memory; 0: no peer tier")            \

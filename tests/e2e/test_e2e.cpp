@@ -127,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {
@@ -201,7 +201,8 @@ TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {
 // Two devices (64 and 32 MiB): 40 MiB filled within a 48 MiB device budget,
 // then 40 MiB more spill: 8 on the device, 16 on the peer (its budget), 16 on the host.
 TEST(VmmPool, SpillsToThePeerAndTheHostPastTheDeviceBudget) {
-  Env env = with(preload, "pool:vmm,report:1,device_budget:48M,peer_budget:16M,host_budget:32M,host_prepare:0");
+  Env env = with(preload,
+                 "pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:16M,host_budget:32M,host_prepare:0");
   env["GMEM_EMU_DEVICES"] = "2";
   env["GMEM_EMU_DEVICE_MEMORY"] = "64M,32M";
   Result r = run({GMEM_SPILL, "40", "8", "40"}, env);

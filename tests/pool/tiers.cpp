@@ -1,14 +1,14 @@
 // The spill tiers through the driver API, under the shim on the emulated
 // driver with two devices: device 0 of 64 MiB, device 1 of 32 MiB (its peer,
 // with an 8 MiB reserve), and pinned host memory within host_budget.
-// meson runs each suite with its own GMEM_CONF (tests/meson.build):
-//   Spill.*     pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0
-//   Budget.*    pool:vmm,device_budget:16M,peer_budget:0,host_budget:8M,host_prepare:0
-//   MemInfo.*   pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
-//   Prepare.*   pool:vmm,peer_budget:0,host_budget:48M,host_prepare:16M
-//   NoPeer.*    pool:vmm,host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
-//   HostChunks.* pool:vmm,peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
-//   DeviceChunks.* pool:vmm,peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
+// meson runs each suite with GMEM_CONF pool:vmm,device_reserve:0 and its own (tests/meson.build):
+//   Spill.*     peer_reserve:8M,host_budget:48M,host_prepare:0
+//   Budget.*    device_budget:16M,peer_budget:0,host_budget:8M,host_prepare:0
+//   MemInfo.*   peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
+//   Prepare.*   peer_budget:0,host_budget:48M,host_prepare:16M
+//   NoPeer.*    host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
+//   HostChunks.* peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
+//   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Exit.*      with Spill and with Prepare
 #include <cuda.h>
 #include <dlfcn.h>
