@@ -86,7 +86,7 @@ class Tiers : public ::testing::Test {
     std::erase(live_, p);
     EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
   }
-  // Writes a pattern over all of [p, p + size) and reads it back.
+  // Writes a pattern over all of [p, p + size); check reads it back.
   static void fill(CUdeviceptr p, std::size_t size, uint32_t seed) {
     auto in = pattern(size, seed);
     ASSERT_EQ(cuMemcpyHtoD_v2(p, in.data(), size), CUDA_SUCCESS);
@@ -96,6 +96,11 @@ class Tiers : public ::testing::Test {
     ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), p, size), CUDA_SUCCESS);
     EXPECT_TRUE(out == pattern(size, seed)) << "data at " << std::hex << p;
   }
+  static void round_trip(CUdeviceptr p, std::size_t size, uint32_t seed) {
+    fill(p, size, seed);
+    check(p, size, seed);
+  }
+
   CUcontext ctx_ = nullptr;
   std::vector<CUdeviceptr> live_;
 };
@@ -114,8 +119,7 @@ TEST_F(Spill, AnAllocationSpansDevicePeerAndHost) {
   fill(a, 40 * mib, 1);
   CUdeviceptr b = alloc(60 * mib);
   ASSERT_NE(b, 0u);
-  fill(b, 60 * mib, 2);
-  check(b, 60 * mib, 2);
+  round_trip(b, 60 * mib, 2);
   check(a, 40 * mib, 1);
   // A copy within the allocation crosses every boundary (device to host part, peer to device part).
   ASSERT_EQ(cuMemcpyDtoD_v2(b + 50 * mib, b + 10 * mib, 8 * mib), CUDA_SUCCESS);
@@ -162,8 +166,7 @@ TEST_F(Spill, AnAllocationSpansDevicePeerAndHost) {
 TEST_F(Spill, AnAllocationLargerThanTheDeviceSpans) {
   CUdeviceptr big = alloc(96 * mib);
   ASSERT_NE(big, 0u);
-  fill(big, 96 * mib, 5);
-  check(big, 96 * mib, 5);
+  round_trip(big, 96 * mib, 5);
   OwnStats stats;
   EXPECT_EQ(stats.device(0, GMEM_STAT_peer_bytes), 24 * mib);
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 8 * mib);
@@ -193,8 +196,7 @@ TEST_F(Spill, SpilledMemoryServesOnlyWhileTheDeviceIsFull) {
   ASSERT_EQ(cuDeviceGetDefaultMemPool(&mempool, 0), CUDA_SUCCESS);
   ASSERT_EQ(cuMemPoolTrimTo(mempool, 40 * mib), CUDA_SUCCESS);
   CUdeviceptr c = alloc(40 * mib);
-  fill(c, 40 * mib, 9);
-  check(c, 40 * mib, 9);
+  round_trip(c, 40 * mib, 9);
   EXPECT_EQ(stats.placement(c).tier, GMEM_TIER_DEVICE);
   EXPECT_EQ(stats.placement(c).peer_bytes, 0u);
   EXPECT_EQ(driver_memory_type(c + 39 * mib), CU_MEMORYTYPE_DEVICE);
@@ -274,8 +276,7 @@ TEST_F(Spill, PastEveryBudgetIsOutOfMemoryAndOtherMemoryIsIntact) {
   free(d);
   free(c);
   CUdeviceptr e = alloc(48 * mib);  // the host's budget again, from cached chunks or new
-  fill(e, 48 * mib, 6);
-  check(e, 48 * mib, 6);
+  round_trip(e, 48 * mib, 6);
   check(b, 24 * mib, 4);
 }
 
@@ -284,15 +285,13 @@ TEST_F(Spill, SlabsAndStreamOrderedAllocationsSpill) {
   alloc(64 * mib);
   alloc(24 * mib);  // the peer's room
   CUdeviceptr small = alloc(4096);
-  fill(small, 4096, 7);
-  check(small, 4096, 7);
+  round_trip(small, 4096, 7);
   OwnStats stats;
   EXPECT_EQ(stats.placement(small).tier, GMEM_TIER_HOST);
   EXPECT_EQ(stats.placement(small).host_bytes, 4096u);
   CUdeviceptr ordered = 0;
   ASSERT_EQ(cuMemAllocAsync(&ordered, 6 * mib, nullptr), CUDA_SUCCESS);
-  fill(ordered, 6 * mib, 8);
-  check(ordered, 6 * mib, 8);
+  round_trip(ordered, 6 * mib, 8);
   EXPECT_EQ(stats.placement(ordered).tier, GMEM_TIER_HOST);
   ASSERT_EQ(cuMemFreeAsync(ordered, nullptr), CUDA_SUCCESS);
   ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
@@ -379,8 +378,7 @@ TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
 
   // 4 MiB on the device, 12 from the prepared chunk: made before the device's part.
   CUdeviceptr b = alloc(16 * mib);
-  fill(b, 16 * mib, 12);
-  check(b, 16 * mib, 12);
+  round_trip(b, 16 * mib, 12);
   check(near, 12 * mib, 11);
   OwnStats stats;
   EXPECT_EQ(stats.placement(b).host_bytes, 12 * mib);
@@ -395,8 +393,7 @@ TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
   // MiB, 12 in use, up to 12 prepared (half the room at most).
   wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib);
   CUdeviceptr c = alloc(36 * mib);
-  fill(c, 36 * mib, 13);
-  check(c, 36 * mib, 13);
+  round_trip(c, 36 * mib, 13);
   EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 48 * mib);
 
   pid_t child = fork();
@@ -514,8 +511,7 @@ TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
   alloc(64 * mib);
   CUdeviceptr b = alloc(20 * mib);
   ASSERT_NE(b, 0u);
-  fill(b, 20 * mib, 16);
-  check(b, 20 * mib, 16);
+  round_trip(b, 20 * mib, 16);
   OwnStats stats;
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
@@ -526,8 +522,7 @@ TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
 TEST_F(DeviceChunks, TheDeviceIsFilledBeforeAnyTierWhereALargeChunkIsRefused) {
   CUdeviceptr a = alloc(64 * mib);
   ASSERT_NE(a, 0u);
-  fill(a, 64 * mib, 17);
-  check(a, 64 * mib, 17);
+  round_trip(a, 64 * mib, 17);
   OwnStats stats;
   EXPECT_EQ(stats.placement(a).tier, GMEM_TIER_DEVICE);
   EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 0u);
