@@ -306,7 +306,8 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     }
     return nullptr;
   };
-  auto reusable = [&](Piece& p) { return (spilled_too || !p.spilled) && ready(p.pending, stream); };
+  auto of_kind = [&](const Piece& p) { return spilled_too || !p.spilled; };
+  auto reusable = [&](Piece& p) { return of_kind(p) && ready(p.pending, stream); };
   while (*covered < size) {
     const std::size_t need = size - *covered;
     auto fits = d.free_pieces.lower_bound({need, 0});
@@ -322,7 +323,7 @@ void VmmPool::take_free(int device, std::size_t size, StreamId stream, bool may_
     const bool split = !piece && !may_grow;
     // Made again only once nothing may use it or the ranges it is mapped in:
     // rather than grow beyond the headroom, the pool waits for that.
-    auto splittable = [&](Piece& p, bool wait) { return (spilled_too || !p.spilled) && droppable(p, wait); };
+    auto splittable = [&](Piece& p, bool wait) { return of_kind(p) && droppable(p, wait); };
     if (split) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return splittable(p, false); });
     if (split && !piece) piece = first(too_big, d.free_pieces.end(), [&](Piece& p) { return splittable(p, true); });
     if (!piece) break;
@@ -397,7 +398,7 @@ CUresult VmmPool::stitch(std::size_t size, int device, StreamId stream, Range** 
     std::sort(parts.begin(), parts.end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
     std::vector<Piece*> merged;
     for (auto it = parts.begin(); it != parts.end() && parts.size() + !merged.empty() > most_parts;) {
-      if ((*it)->memory.location() == vmm::Location::device(device) && droppable(**it, false)) {
+      if (!(*it)->spilled && droppable(**it, false)) {
         merged.push_back(*it);
         it = parts.erase(it);
       } else {

@@ -160,11 +160,9 @@ def attempt(args, setting, size, deterministic=False):
     result = json.loads(lines[-1]) if lines else {}
     if code == 0 and "step_ms" in result:
         peak = GMEM_PEAK.search(err)
-        gmem_peak = int(peak[1]) if gmem and peak else None
-        physical = gmem_peak if gmem_peak is not None else result["reserved_peak"]
+        physical = int(peak[1]) if gmem and peak else result["reserved_peak"]
         report = [line for line in err.splitlines() if line.startswith("gmem: report")]
-        return result | {"ok": True, "physical_peak": physical, "gmem_peak": gmem_peak, "report": report,
-                         "env": shown, "log": log}
+        return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log}
     if code == OOM_EXIT:
         return {"ok": False, "oom": True, "log": log}
     if code == NOT_DETERMINISTIC_EXIT:
