@@ -80,6 +80,18 @@ bool parse_value(std::string_view text, config_type::mem_info& out, std::string&
   return false;
 }
 
+bool parse_value(std::string_view text, config_type::millis& out, std::string& expected) {
+  expected = "a whole number of milliseconds, at most 3600000";
+  std::string copy(text);
+  if (copy.empty() || !std::isdigit(static_cast<unsigned char>(copy.front()))) return false;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(copy.c_str(), &end, 10);
+  if (*end || errno == ERANGE || value > 3'600'000) return false;
+  out = config_type::millis(value);
+  return true;
+}
+
 bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {
   expected = "an absolute path";
   if (text.empty() || text.front() != '/') return false;

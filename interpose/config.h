@@ -3,6 +3,7 @@
 
 #include <spdlog/common.h>
 
+#include <chrono>
 #include <string>
 
 #include "gmem/config.h"
@@ -18,6 +19,7 @@ using path = std::string;
 using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
+using millis = std::chrono::milliseconds;
 struct socket {
   std::string path;  // empty: the default place
 };

@@ -12,6 +12,7 @@
 #include "dedup/client.h"
 #include "gmem/internal/log.h"
 #include "interpose/driver_table.h"
+#include "interpose/gate.h"
 #include "pool/report.h"
 
 namespace gmem {
@@ -108,9 +109,15 @@ void initialise() {
       gmem_real_table[i] = fn ? fn : reinterpret_cast<void*>(&missing_function);
     }
     if (!rt->config.disable) {
+      const bool use_vmm = rt->config.pool == config_type::source::vmm;
+      // Spilled memory moves back only with the gate on, before any call
+      // that submits work could run ungated.
+      static gate::Submissions submissions;
+      const bool moving = use_vmm && rt->config.migrate_after_ms.count() > 0;
+      if (moving) gate::turn_on();
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
-                                rt->config.pool == config_type::source::vmm, open_stats(rt->config),
-                                rt->config.pool_headroom / 100, budgets(rt->config));
+                                use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
+                                rt->config.migrate_after_ms, moving ? &submissions : nullptr);
       if (rt->config.dedup) start_dedup(*rt);
     }
   }

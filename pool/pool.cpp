@@ -78,6 +78,13 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream) {
   return status;
 }
 
+void Pool::placement_moved(const std::vector<Block>& blocks) {
+  for (const Block& b : blocks) {
+    const Split now = tiers_->split(b.base, b.size);
+    allocations_.replace_placement(b.base, now.host, now.peer);
+  }
+}
+
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
   if (vmm_) return alloc_pooled(dptr, describe(0, size, Kind::device, nullptr), 0);
   CUresult status = driver_.cuMemAlloc_v2(dptr, size);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "pool/mover.h"
 #include "pool/registry.h"
 #include "pool/vmm_pool.h"
 #include "vmm/driver.h"
@@ -38,14 +39,24 @@ class Pool {
  public:
   // With `use_vmm`, device memory comes from gmem's VMM pool; with a
   // publisher, the pool's figures are published through it.
-  // The VMM pool spills to peers and the host within `budgets`.
+  // The VMM pool spills to peers and the host within `budgets`; with
+  // `submissions` and a `move_after` above 0, what live allocations spilled
+  // moves back once nothing has spilled for `move_after` (pool/mover.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
-                double headroom = VmmPool::default_headroom, Budgets budgets = {})
+                double headroom = VmmPool::default_headroom, Budgets budgets = {},
+                std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr)
       : driver_(driver),
         publisher_(std::move(publisher)),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
-        ledger_(publisher_.get()) {}
+        mover_(vmm_ && submissions && move_after.count() > 0
+                   ? std::make_unique<Mover>(*vmm_, driver_,
+                                             Mover::Settings{move_after, submissions, [this] { return quiet(); },
+                                                             [this](const auto& blocks) { placement_moved(blocks); }})
+                   : nullptr),
+        ledger_(publisher_.get()) {
+    if (mover_) vmm_->observe_spills(mover_.get());
+  }
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);
   CUresult alloc_pitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width, std::size_t height,
@@ -93,6 +104,8 @@ class Pool {
   // The VMM pool (null without pool:vmm), the driver table, and who is told
   // before pool memory is freed (dedup/; set once, before use).
   VmmPool* vmm() const { return vmm_.get(); }
+  // What moves spilled memory back (null unless the pool may move it).
+  Mover* mover() const { return mover_.get(); }
   const vmm::Driver& driver() const { return driver_; }
   void observe_frees(FreeObserver* observer) { free_observer_ = observer; }
 
@@ -104,6 +117,8 @@ class Pool {
   // Serves `a` from the VMM pool, ordered on `stream` (0: none).
   CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream);
   bool capturing(CUstream stream, DefaultStream default_stream) const;
+  // The mover moved these live allocations' memory: their placement is read again.
+  void placement_moved(const std::vector<Block>& blocks);
   std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const;
   // While any stream captures, the pool neither queries events nor waits.
   bool quiet() const { return captures_.load(std::memory_order_relaxed) > 0; }
@@ -116,6 +131,7 @@ class Pool {
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
+  const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first
   FreeObserver* free_observer_ = nullptr;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal

@@ -46,13 +46,28 @@ void Ledger::count_allocation(Allocation& a) {
   if (!publisher_) return;
   // What the pool serves is reserved as chunks; what the driver serves, as asked.
   publisher_->account(a.device, Publisher::Event::allocation, a.size, !a.pooled, a.host_bytes, a.peer_bytes);
-  // A program's own physical handles have no address to list. An allocation's
-  // tier is its slowest part's.
-  if (a.kind != Kind::physical) {
-    const uint8_t tier = a.host_bytes ? GMEM_TIER_HOST : a.peer_bytes ? GMEM_TIER_PEER : GMEM_TIER_DEVICE;
-    a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, tier,
-                                     static_cast<uint8_t>(a.kind), a.chunks, a.host_bytes, a.peer_bytes});
-  }
+  place(a);
+}
+
+// A program's own physical handles have no address to list. An allocation's
+// tier is its slowest part's.
+void Ledger::place(Allocation& a) {
+  if (a.kind == Kind::physical) return;
+  const uint8_t tier = a.host_bytes ? GMEM_TIER_HOST : a.peer_bytes ? GMEM_TIER_PEER : GMEM_TIER_DEVICE;
+  a.placement = publisher_->place({0, a.key, a.size, a.pooled ? a.physical : a.size, a.device, tier,
+                                   static_cast<uint8_t>(a.kind), a.chunks, a.host_bytes, a.peer_bytes});
+}
+
+void Ledger::count_move(Allocation& a, std::size_t host, std::size_t peer) {
+  const int64_t host_delta = int64_t(host) - int64_t(a.host_bytes), peer_delta = int64_t(peer) - int64_t(a.peer_bytes);
+  a.host_bytes = host;
+  a.peer_bytes = peer;
+  if (!publisher_) return;
+  publisher_->add(a.device, GMEM_STAT_device_bytes, -host_delta - peer_delta);
+  publisher_->add(a.device, GMEM_STAT_host_bytes, host_delta);
+  publisher_->add(a.device, GMEM_STAT_peer_bytes, peer_delta);
+  publisher_->unplace(a.placement);
+  place(a);
 }
 
 void Ledger::count_free(const Allocation& a) {
@@ -63,6 +78,13 @@ void Ledger::count_free(const Allocation& a) {
   if (!publisher_) return;
   publisher_->account(a.device, Publisher::Event::free, a.size, !a.pooled, a.host_bytes, a.peer_bytes);
   publisher_->unplace(a.placement);
+}
+
+void Registry::replace_placement(uint64_t key, std::size_t host, std::size_t peer) {
+  Shard& s = shard(key);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(key);
+  if (it != s.map.end() && it->second.pooled) ledger_.count_move(it->second, host, peer);
 }
 
 void Registry::insert(Allocation allocation) {

@@ -22,9 +22,12 @@ class Ledger {
   // Sets allocation.placement.
   void count_allocation(Allocation& allocation);
   void count_free(const Allocation& allocation);
+  // Its memory moved: `host` and `peer` bytes of it now lie in those tiers.
+  void count_move(Allocation& allocation, std::size_t host, std::size_t peer);
   Stats stats() const;
 
  private:
+  void place(Allocation& allocation);
   struct Counters {
     std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, live_bytes{0}, peak_bytes{0};
   };
@@ -52,6 +55,10 @@ class Registry {
   bool retain(uint64_t key);
 
   std::optional<Allocation> find(uint64_t key) const;
+
+  // The pool moved the memory of the allocation at `key` (if still live):
+  // `host` and `peer` bytes of it now lie in those tiers.
+  void replace_placement(uint64_t key, std::size_t host, std::size_t peer);
 
   // Forgets every allocation of a context the driver destroyed, counted as freed.
   void purge_context(CUcontext context);

@@ -4,6 +4,8 @@
 #include <bit>
 #include <chrono>
 
+#include "pool/mover.h"
+
 namespace gmem::pool {
 
 namespace {
@@ -25,6 +27,11 @@ class Timer {
 };
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Four size classes per doubling: a block wastes at most a fifth of itself.
 std::size_t size_class(std::size_t size) {
@@ -160,6 +167,7 @@ CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out, bool spil
   piece.id = ++pieces_made_;
   piece.spilled = !(piece.memory.location() == vmm::Location::device(device));
   piece.holder = chosen;
+  if (piece.spilled && mover_) mover_->spilled();
   *out = &piece;
   return CUDA_SUCCESS;
 }
@@ -176,6 +184,7 @@ void VmmPool::hold(Piece& piece, Range* holder) {
 
 void VmmPool::set_free(Device& d, Piece& piece) {
   piece.holder = nullptr;
+  piece.freed_ns = now_ns();
   piece.free_entry = d.free_pieces.emplace(std::pair{piece.memory.size(), piece.id}, &piece).first;
   d.cached_bytes += piece.memory.size();
 }
@@ -432,8 +441,7 @@ bool VmmPool::spilled(const Range& range) {
 
 bool VmmPool::device_full(Device& d, int device, std::size_t size) {
   if (!d.full || !tiers_) return d.full;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now = now_ns();
   if (now - d.full_checked_ns < full_recheck_ns) return true;
   d.full_checked_ns = now;
   d.full = tiers_->device_free(device, d.figures.reserved) < size;
@@ -846,6 +854,173 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   block.physical = size;
   publish_free_figures(device);
   return CUDA_SUCCESS;
+}
+
+// ---- Moving spilled memory back (see vmm_pool.h and mover.h). ----
+
+bool VmmPool::movable(const Piece& piece) {
+  return piece.spilled && piece.holder && piece.holder != chosen && piece.holder->live &&
+         piece.holder->shared.empty();
+}
+
+CUcontext VmmPool::context_of(const Range& range) {
+  for (const Block& b : range.blocks) {
+    if (b.size && b.context) return b.context;
+  }
+  return nullptr;
+}
+
+std::vector<VmmPool::Piece*> VmmPool::idle_device_pieces(Device& d, int64_t idle_since_ns) {
+  std::vector<Piece*> out;
+  for (auto& [key, p] : d.free_pieces) {
+    if (!p->spilled && p->freed_ns < idle_since_ns && droppable(*p, false)) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
+  std::lock_guard lock(mutex_);
+  std::vector<Movable> out;
+  if (!tiers_) return out;
+  for (auto& [device, d] : devices_) {
+    std::size_t smallest = SIZE_MAX;
+    CUcontext context = nullptr;
+    for (const Piece& p : d.pieces) {
+      if (!movable(p) || p.memory.size() >= smallest) continue;
+      if (CUcontext c = context_of(*p.holder)) {
+        smallest = p.memory.size();
+        context = c;
+      }
+    }
+    if (!context || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
+    std::size_t room = tiers_->device_free(device, d.figures.reserved);
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+    for (const Piece* p : idle_device_pieces(d, idle_since_ns)) room += p->memory.size();
+    if (room >= smallest) out.push_back({device, context});
+  }
+  return out;
+}
+
+std::vector<CUcontext> VmmPool::live_contexts() const {
+  std::lock_guard lock(mutex_);
+  std::vector<CUcontext> out;
+  for (const auto& [base, range] : ranges_) {
+    if (!range->live) continue;
+    for (const Block& b : range->blocks) {
+      if (b.size && b.context && std::find(out.begin(), out.end(), b.context) == out.end()) out.push_back(b.context);
+    }
+  }
+  return out;
+}
+
+std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved_blocks) {
+  std::lock_guard lock(mutex_);
+  quiet_ = false;
+  Device& d = devices_[device];
+  // Free spilled chunks go: the device has room again, and they hold pinned
+  // host memory or a peer's.
+  std::vector<Piece*> unused;
+  for (auto& [key, p] : d.free_pieces) {
+    if (p->spilled && droppable(*p, false)) unused.push_back(p);
+  }
+  for (Piece* p : unused) drop_piece(device, *p);
+
+  std::vector<Piece*> spilled;
+  for (Piece& p : d.pieces) {
+    if (movable(p)) spilled.push_back(&p);
+  }
+  std::sort(spilled.begin(), spilled.end(),
+            [](const Piece* a, const Piece* b) { return a->holder->last_use > b->holder->last_use; });
+  // Each chunk's content is copied into its new chunk through an address of
+  // its own; the copies are waited for together, before any range changes.
+  struct Move {
+    Piece* from;
+    Piece* to;
+    std::size_t offset;  // in from's holder
+    vmm::Reservation staging;
+  };
+  std::vector<Move> moves;
+  CUresult status = CUDA_SUCCESS;
+  // Idle device chunks go back to the driver as the room is needed, the
+  // smallest first (the least taken apart).
+  std::vector<Piece*> idle = idle_device_pieces(d, idle_since_ns);
+  std::reverse(idle.begin(), idle.end());
+  for (Piece* p : spilled) {
+    const std::size_t size = p->memory.size();
+    while (tiers_->device_free(device, d.figures.reserved) < size && !idle.empty()) {
+      drop_piece(device, *idle.back());
+      idle.pop_back();
+    }
+    Piece* fresh = nullptr;
+    if (tiers_->device_free(device, d.figures.reserved) < size || new_piece(device, size, &fresh) != CUDA_SUCCESS) {
+      continue;
+    }
+    Range& holder = *p->holder;
+    std::size_t offset = 0;
+    for (const Piece* q : holder.pieces) {
+      if (q == p) break;
+      offset += q->memory.size();
+    }
+    Move move{p, fresh, offset, {}};
+    bool mapped = false;
+    {
+      Timer timer(d.work.driver_ns);
+      status = vmm::Reservation::reserve(driver_, size, &move.staging);
+      if (status == CUDA_SUCCESS) status = move.staging.map(0, fresh->memory, device);
+      mapped = status == CUDA_SUCCESS;
+    }
+    if (mapped) status = driver_.cuMemcpyDtoD_v2(move.staging.base(), holder.va.base() + offset, size);
+    if (status != CUDA_SUCCESS) {
+      if (mapped) move.staging.unmap(0, size);
+      drop_piece(device, *fresh);
+      break;
+    }
+    moves.push_back(std::move(move));
+  }
+  if (!moves.empty()) status = driver_.cuCtxSynchronize();
+  std::size_t moved = 0;
+  for (Move& m : moves) {
+    const std::size_t size = m.from->memory.size();
+    Range& holder = *m.from->holder;
+    {
+      Timer timer(d.work.driver_ns);
+      m.staging.unmap(0, size);
+      if (status == CUDA_SUCCESS) {
+        holder.va.unmap(m.offset, size);
+        if (holder.va.map(m.offset, m.to->memory, device) != CUDA_SUCCESS) {
+          // As it was; the device's chunk goes.
+          holder.va.map(m.offset, m.from->memory, device);
+          status = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+      }
+      d.work.maps += 2;
+      d.work.unmaps += 2;
+    }
+    if (status != CUDA_SUCCESS) {
+      drop_piece(device, *m.to);
+      continue;
+    }
+    *std::find(holder.pieces.begin(), holder.pieces.end(), m.from) = m.to;
+    m.to->ranges.push_back(&holder);
+    m.to->holder = &holder;
+    // The spilled chunk goes back to its tier, with the free ranges it is
+    // still mapped in.
+    std::erase(m.from->ranges, &holder);
+    m.from->holder = chosen;
+    drop_piece(device, *m.from);
+    moved += size;
+    for (const Block& b : holder.blocks) {
+      if (b.size && std::none_of(moved_blocks->begin(), moved_blocks->end(),
+                                 [&](const Block& seen) { return seen.base == b.base; })) {
+        moved_blocks->push_back(b);
+      }
+    }
+  }
+  d.work.moved_back_bytes += moved;
+  publish(device, GMEM_STAT_moved_back_bytes, int64_t(moved));
+  publish_free_figures(device);
+  return moved;
 }
 
 }  // namespace gmem::pool

@@ -34,6 +34,8 @@
 
 namespace gmem::pool {
 
+class Mover;
+
 // A live allocation as the program sees it.
 struct Block {
   CUdeviceptr base = 0;
@@ -91,6 +93,7 @@ class VmmPool {
     uint64_t misses = 0;          // requests that needed a range made
     uint64_t chunks_made = 0, chunks_released = 0, maps = 0, unmaps = 0;
     uint64_t driver_ns = 0;       // time in the driver's VMM calls
+    uint64_t moved_back_bytes = 0;  // live allocations' spilled bytes moved back to the device
   };
   Work work(int device) const;
   // The devices the pool has served.
@@ -134,6 +137,30 @@ class VmmPool {
   // reference). On failure nothing changed.
   CUresult make_private(CUdeviceptr base, bool copy);
 
+  // ---- Moving spilled memory back (pool/mover.h). ----
+  // Told of every spill (set once, before use).
+  void observe_spills(Mover* mover) { mover_ = mover; }
+  struct Movable {
+    int device = -1;
+    CUcontext context = nullptr;  // a live allocation's, current while moving
+  };
+  // The devices where live allocations hold spilled chunks and the device has
+  // room for one of them now: memory the driver has free (less
+  // device_reserve), and the pool's own free device chunks no request has
+  // used since `idle_since_ns` (steady clock).
+  std::vector<Movable> movable(int64_t idle_since_ns);
+  // The contexts of live allocations: the ones to synchronize before moving.
+  std::vector<CUcontext> live_contexts() const;
+  // Only with the program's submissions stopped and every context of live
+  // allocations synchronized, `device`'s context current: copies the spilled
+  // chunks of live allocations into new chunks of the device while it has
+  // room (the most recently handed out ranges first) and maps each at the
+  // address of the chunk it replaces, which goes back to its tier; free
+  // spilled chunks go back too; free device chunks idle since `idle_since_ns`
+  // go back to the driver where the room is needed. The bytes moved; the live
+  // allocations whose memory moved are added to `moved`.
+  std::size_t move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved);
+
   static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
   // Chunks stitched into one range: at most this many while the pool may grow
   // instead, at most `most_parts` when it may not.
@@ -164,6 +191,7 @@ class VmmPool {
     std::vector<Range*> ranges;  // the ranges it is mapped in
     uint64_t id = 0;  // chunks made before it have lower ones
     bool spilled = false;  // made by the tiers somewhere other than the device
+    int64_t freed_ns = 0;  // when it last became free (steady clock)
     std::map<std::pair<std::size_t, uint64_t>, Piece*>::iterator free_entry;  // while free
     std::list<Piece>::iterator self;
   };
@@ -229,6 +257,13 @@ class VmmPool {
   // Whether `d` is full, asking the tiers again if it was last asked long ago.
   bool device_full(Device& d, int device, std::size_t size);
   static bool spilled(const Range& range);
+  // A spilled chunk a live allocation (or slab) uses through its own range,
+  // which move_back may replace; and the context of that range's allocations.
+  static bool movable(const Piece& piece);
+  static CUcontext context_of(const Range& range);
+  // The free device chunks of `d` no request has used since `idle_since_ns`
+  // that could go back to the driver now.
+  std::vector<Piece*> idle_device_pieces(Device& d, int64_t idle_since_ns);
   // A new chunk of `size` bytes on `device`; with `spill`, one the tiers make
   // (a peer's or the host's, at most `size` bytes).
   CUresult new_piece(int device, std::size_t size, Piece** out, bool spill = false);
@@ -296,6 +331,7 @@ class VmmPool {
   // than make a chunk far too big for a request again at the right size.
   const double headroom_;
   Tiers* const tiers_;
+  Mover* mover_ = nullptr;
   mutable std::mutex mutex_;
   bool quiet_ = false;  // the current call's, under mutex_
   uint64_t clock_ = 0;  // counts whole ranges handed out

@@ -6,7 +6,8 @@
 // source (driver or vmm), percent (a number from 0 to 1000), path (an
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
 // percentage of a capacity: 50%), mem_info (device or tiers), socket (an
-// absolute path, or empty for the default).
+// absolute path, or empty for the default), millis (a whole number of
+// milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -43,6 +44,10 @@
     "pinned host memory a background thread prepares ahead of need, in the sizes "   \
     "the pool recently made, once a device is near full (a size, or a share of "      \
     "host_budget); 0: no thread")                                                     \
+  X(migrate_after_ms, millis, "1000",                                              \
+    "pool:vmm moves the spilled memory of live allocations back to the device once "  \
+    "nothing has spilled for this long and the device has room again; the program's " \
+    "launches and copies pause while it moves; 0: never")                       \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \

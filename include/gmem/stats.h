@@ -56,7 +56,9 @@
   X(dedup_marked_bytes, "live bytes marked read-only and offered for sharing (dedup), mapped "    \
                         "read-only")                                                              \
   X(dedup_shared_bytes, "live bytes mapped onto a copy another process made (dedup): device "     \
-                        "memory this process saves")
+                        "memory this process saves")                                        \
+  X(moved_back_bytes, "spilled bytes of live allocations moved back to this device's memory "    \
+                      "since the process started (the program paused meanwhile)")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };

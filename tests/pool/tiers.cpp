@@ -9,7 +9,9 @@
 //   NoPeer.*    host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
 //   HostChunks.* peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
 //   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
-//   Exit.*      with Spill and with Prepare
+//   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
+//   Exit.*      with Spill, with Prepare and with Move
+// The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -540,6 +542,94 @@ TEST_F(MemInfo, TiersReportsTheirRoomInGetInfo) {
   ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
   EXPECT_EQ(total, 64 * mib + 24 * mib + 48 * mib);
   EXPECT_EQ(free, 42 * mib);
+}
+
+// meson's move run: no peer tier, migrate_after_ms:50. moved_back_bytes
+// counts over the whole process: each test reads it as it found it.
+using Move = Tiers;
+
+uint64_t moved_back() { return OwnStats().device(0, GMEM_STAT_moved_back_bytes); }
+
+// 40 MiB, then 40 MiB more: 24 of it on the device, 16 on the host. While the
+// device is full nothing moves; once the first allocation is freed and its
+// memory has stayed unused for 50 ms, the mover copies the host part onto the
+// device, at the same addresses, and the host chunk goes back.
+TEST_F(Move, LiveSpilledMemoryMovesBackOnceTheDeviceHasRoom) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);
+  fill(b, 40 * mib, 31);
+  ASSERT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  const uint64_t before = moved_back();
+  usleep(300000);
+  OwnStats stats;
+  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  EXPECT_EQ(moved_back(), before);
+  EXPECT_EQ(stats.placement(b).host_bytes, 16 * mib);
+  free(a);
+  ASSERT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
+  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_DEVICE);
+  check(b, 40 * mib, 31);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_device_bytes), 40 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 40 * mib);
+  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_DEVICE);
+  EXPECT_EQ(stats.placement(b).host_bytes, 0u);
+}
+
+// Memory the program keeps using stays where it is: a device chunk freed and
+// taken again every few milliseconds is never idle long enough to make room.
+TEST_F(Move, MemoryInUseIsNotTakenToMakeRoom) {
+  CUdeviceptr b = alloc(40 * mib);
+  CUdeviceptr c = alloc(40 * mib);  // 24 on the device, 16 on the host
+  fill(c, 40 * mib, 32);
+  const uint64_t before = moved_back();
+  for (int i = 0; i < 30; ++i) {
+    free(b);
+    usleep(10000);
+    b = alloc(40 * mib);
+  }
+  EXPECT_EQ(moved_back(), before);
+  EXPECT_EQ(driver_memory_type(c + 39 * mib), CU_MEMORYTYPE_HOST);
+  check(c, 40 * mib, 32);
+}
+
+// Copies keep running while memory moves under them: each thread writes and
+// reads back its own part of a spilled allocation without pause, and every
+// read finds what was written last, before, during and after the move (the
+// gate holds the copies while the ranges change).
+TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);
+  ASSERT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  const uint64_t before = moved_back();
+  constexpr int thread_count = 4;
+  constexpr std::size_t part = 4 * mib;  // the parts cover b's last 16 MiB, the host's
+  std::atomic<bool> moved{false};
+  std::atomic<int> corrupt{0}, rounds{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < thread_count; ++t) {
+    threads.emplace_back([&, t] {
+      if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++corrupt);
+      const CUdeviceptr mine = b + 24 * mib + t * part;
+      // Until well after the move: 50 rounds once it is seen.
+      for (int i = 0, after = 0; after < 50 && i < 100000; ++i, after += moved.load()) {
+        auto in = pattern(part, static_cast<uint32_t>(t * 100000 + i));
+        std::vector<uint32_t> out(in.size());
+        if (cuMemcpyHtoD_v2(mine, in.data(), part) != CUDA_SUCCESS ||
+            cuMemcpyDtoH_v2(out.data(), mine, part) != CUDA_SUCCESS || out != in) {
+          ++corrupt;
+        }
+        ++rounds;
+      }
+    });
+  }
+  free(a);
+  EXPECT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
+  moved = true;
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
+  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_DEVICE);
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// The submission gate: every driver call that submits work which may touch
+// device memory (the generated trampolines of scripts/gen_driver_api.py's
+// GATED functions, and the C++ hooks that hold a Pass) is counted while it runs
+// and held at its entry while the gate is closed. The pool's mover closes it to
+// move the memory under live allocations: once no call is in flight and the
+// contexts are synchronized, nothing can touch that memory until it reopens.
+//
+// A caller is never held for ever: while the mover is still waiting for the
+// device (the sync that may wait on work only a held call would let finish),
+// a caller held longer than `patience` reopens the gate and the move is
+// abandoned. Once the mover has begun moving, callers wait for it to finish.
+#pragma once
+
+#include <chrono>
+
+#include "pool/mover.h"
+
+namespace gmem::gate {
+
+inline constexpr std::chrono::milliseconds patience{5000};
+
+// Turns the gate on (from then on, gated calls are counted); before any
+// submitting call can run, as the mover counts on every call in flight being counted.
+void turn_on();
+
+// The gate as the pool's mover sees it.
+class Submissions final : public pool::Submissions {
+ public:
+  bool stop() override;
+  bool hold() override;
+  void resume() override;
+};
+
+// For a C++ hook of a submitting call: the hook runs as a gated call.
+class Pass {
+ public:
+  Pass();
+  ~Pass();
+  Pass(const Pass&) = delete;
+  Pass& operator=(const Pass&) = delete;
+
+ private:
+  bool counted_ = false;
+};
+
+// Gated calls in flight now (tests).
+long in_flight();
+
+}  // namespace gmem::gate

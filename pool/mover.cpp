@@ -1,0 +1,148 @@
+#include "pool/mover.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "pool/vmm_pool.h"
+
+namespace gmem::pool {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// How often the thread looks for memory to move once spills have stopped.
+constexpr std::chrono::milliseconds shortest_period{10};
+
+// Every Mover, for the exit and fork handlers of their threads.
+std::mutex movers_mutex;
+std::vector<Mover*> movers;
+
+void stop_all_movers() {
+  std::lock_guard lock(movers_mutex);
+  for (Mover* m : movers) m->stop();
+}
+void lock_movers() { movers_mutex.lock(); }
+void unlock_movers() { movers_mutex.unlock(); }
+void forget_threads_in_child() {
+  for (Mover* m : movers) m->forget_thread();
+  movers_mutex.unlock();
+}
+
+}  // namespace
+
+Mover::Mover(VmmPool& vmm, const vmm::Driver& driver, Settings settings)
+    : vmm_(vmm), driver_(driver), settings_(std::move(settings)) {
+  std::lock_guard lock(movers_mutex);
+  movers.push_back(this);
+}
+
+Mover::~Mover() {
+  stop();
+  std::lock_guard lock(movers_mutex);
+  std::erase(movers, this);
+}
+
+void Mover::spilled() {
+  std::lock_guard lock(mutex_);
+  last_spill_ns_ = now_ns();
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { run(); });
+  static std::once_flag handlers;
+  std::call_once(handlers, [] {
+    // Registered after cuInit, so they run before the driver's own exit handlers.
+    std::atexit(stop_all_movers);
+    pthread_atfork(lock_movers, unlock_movers, forget_threads_in_child);
+  });
+}
+
+void Mover::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Mover::forget_thread() {
+  if (thread_.joinable()) thread_.detach();  // it does not exist in the child
+}
+
+Mover::Work Mover::work() const {
+  std::lock_guard lock(mutex_);
+  return work_;
+}
+
+std::size_t Mover::move_now() { return round(); }
+
+void Mover::run() {
+  const auto period = std::max(settings_.after, shortest_period);
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    const auto quiet = std::chrono::nanoseconds(now_ns() - last_spill_ns_);
+    if (quiet < settings_.after) {
+      wake_.wait_for(lock, settings_.after - quiet);
+      continue;
+    }
+    lock.unlock();
+    round();
+    lock.lock();
+    wake_.wait_for(lock, period, [&] { return stopping_; });
+  }
+}
+
+std::size_t Mover::round() {
+  std::lock_guard serial(round_mutex_);
+  const auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
+  // Device memory the pool holds free counts as room once no request has
+  // used it for as long as spills must have stopped.
+  const int64_t idle_since = now_ns() - std::chrono::nanoseconds(settings_.after).count();
+  const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
+  if (devices.empty() || capturing()) return 0;
+  Submissions& gate = *settings_.submissions;
+  bool held = false;
+  if (gate.stop()) {
+    // No submitting call runs now; what was submitted before is waited for
+    // (not while a capture runs: a sync would break it).
+    bool synced = !capturing();
+    for (CUcontext context : vmm_.live_contexts()) {
+      if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
+        synced = false;
+        break;
+      }
+      synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent_v2(&popped);
+    }
+    held = synced && gate.hold();
+  }
+  std::size_t moved = 0;
+  std::vector<Block> blocks;
+  if (held) {
+    for (const VmmPool::Movable& m : devices) {
+      if (driver_.cuCtxPushCurrent_v2(m.context) != CUDA_SUCCESS) continue;
+      moved += vmm_.move_back(m.device, idle_since, &blocks);
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent_v2(&popped);
+    }
+  }
+  gate.resume();
+  if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  std::lock_guard lock(mutex_);
+  if (held) {
+    ++work_.rounds;
+    work_.bytes += moved;
+  } else {
+    ++work_.abandoned;
+  }
+  return moved;
+}
+
+}  // namespace gmem::pool

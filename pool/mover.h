@@ -1,0 +1,90 @@
+// Moves the spilled memory of live allocations back to the device once the
+// device has room again: a background thread, started at the first spill,
+// waits until no chunk has been spilled for `after` (a job still spilling
+// would only push other memory out), then pauses the program's submissions
+// (interpose/gate.h), synchronizes the contexts of live allocations, and lets
+// the pool copy each spilled chunk into a new device chunk and remap it at the
+// same address. Nothing can touch the memory meanwhile: no call that submits
+// work runs, and no work submitted before is still running. It stops at exit
+// and does not exist in a forked child.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "vmm/driver.h"
+
+namespace gmem::pool {
+
+class VmmPool;
+struct Block;
+
+// What pauses the program's submissions while memory moves.
+class Submissions {
+ public:
+  // Closes the gate once no submitting call is in flight; false if calls
+  // stayed in flight too long (the gate is open again).
+  virtual bool stop() = 0;
+  // Once the contexts are synchronized: true keeps the gate closed until
+  // resume(); false if a held caller gave up waiting and reopened it.
+  virtual bool hold() = 0;
+  virtual void resume() = 0;
+
+ protected:
+  ~Submissions() = default;
+};
+
+class Mover {
+ public:
+  struct Settings {
+    std::chrono::milliseconds after{1000};  // since the last spill
+    Submissions* submissions = nullptr;
+    std::function<bool()> capturing;  // a stream capture is under way: no sync now
+    // Told of the live allocations whose memory moved (placement changed).
+    std::function<void(const std::vector<Block>&)> moved;
+  };
+  Mover(VmmPool& vmm, const vmm::Driver& driver, Settings settings);
+  ~Mover();  // stops and joins the thread
+  Mover(const Mover&) = delete;
+  Mover& operator=(const Mover&) = delete;
+
+  // A chunk was just spilled (called under the pool's lock): starts the
+  // thread the first time.
+  void spilled();
+  // One round now, on the calling thread, whatever the time since the last
+  // spill (tests); the bytes moved.
+  std::size_t move_now();
+  void stop();
+  // In a forked child the thread did not come along: the object is never
+  // touched again.
+  void forget_thread();
+
+  struct Work {
+    uint64_t rounds = 0;     // pauses that moved memory
+    uint64_t abandoned = 0;  // pauses given up (calls in flight, or a held caller out of patience)
+    uint64_t bytes = 0;      // moved back
+  };
+  Work work() const;
+
+ private:
+  void run();
+  std::size_t round();
+
+  VmmPool& vmm_;
+  const vmm::Driver& driver_;
+  const Settings settings_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  int64_t last_spill_ns_ = 0;
+  Work work_;
+  std::mutex round_mutex_;  // one round at a time
+  std::thread thread_;
+};
+
+}  // namespace gmem::pool
