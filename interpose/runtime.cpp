@@ -59,7 +59,8 @@ pool::Budgets budgets(const Config& config) {
 
 void print_report() {
   if (the_runtime && the_runtime->pool) {
-    std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm());
+    std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
+                                            the_runtime->pool->mover());
     fputs(text.c_str(), stderr);
   }
 }

@@ -19,6 +19,9 @@ int64_t now_ns() {
 
 // How often the thread looks for memory to move once spills have stopped.
 constexpr std::chrono::milliseconds shortest_period{10};
+// A round the program's calls would not let through is tried again later and
+// later: at most 2^6 periods apart.
+constexpr int longest_backoff = 6;
 
 // Every Mover, for the exit and fork handlers of their threads.
 std::mutex movers_mutex;
@@ -84,6 +87,7 @@ std::size_t Mover::move_now() { return round(); }
 
 void Mover::run() {
   const auto period = std::max(settings_.after, shortest_period);
+  int backoff = 0;  // rounds abandoned in a row: each doubles the wait, up to longest_backoff
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const auto quiet = std::chrono::nanoseconds(now_ns() - last_spill_ns_);
@@ -91,10 +95,12 @@ void Mover::run() {
       wake_.wait_for(lock, settings_.after - quiet);
       continue;
     }
+    const uint64_t abandoned = work_.abandoned;
     lock.unlock();
     round();
     lock.lock();
-    wake_.wait_for(lock, period, [&] { return stopping_; });
+    backoff = work_.abandoned > abandoned ? std::min(backoff + 1, longest_backoff) : 0;
+    wake_.wait_for(lock, period * (1 << backoff), [&] { return stopping_; });
   }
 }
 
@@ -107,6 +113,7 @@ std::size_t Mover::round() {
   const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
   if (devices.empty() || capturing()) return 0;
   Submissions& gate = *settings_.submissions;
+  const int64_t paused_at = now_ns();
   bool held = false;
   if (gate.stop()) {
     // No submitting call runs now; what was submitted before is waited for
@@ -134,8 +141,10 @@ std::size_t Mover::round() {
     }
   }
   gate.resume();
+  const int64_t paused = now_ns() - paused_at;
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
   std::lock_guard lock(mutex_);
+  work_.paused_ns += paused;
   if (held) {
     ++work_.rounds;
     work_.bytes += moved;

@@ -68,6 +68,7 @@ class Mover {
     uint64_t rounds = 0;     // pauses that moved memory
     uint64_t abandoned = 0;  // pauses given up (calls in flight, or a held caller out of patience)
     uint64_t bytes = 0;      // moved back
+    uint64_t paused_ns = 0;  // the gate closed, over all pauses
   };
   Work work() const;
 

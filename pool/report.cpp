@@ -18,7 +18,7 @@ void line(std::string& out, const char* name, const KindStats& k) {
 
 }  // namespace
 
-std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm) {
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover) {
   std::string out = "gmem: report for pid " + std::to_string(pid) + "\n";
   KindStats total;
   for (std::size_t i = 0; i < kind_count; ++i) {
@@ -38,12 +38,17 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm) {
     snprintf(buf, sizeof buf,
              "gmem: report vmm-pool device=%d reserved_peak=%zu used_peak=%zu hits=%" PRIu64 " misses=%" PRIu64
              " chunks_made=%" PRIu64 " chunks_released=%" PRIu64 " maps=%" PRIu64 " unmaps=%" PRIu64
-             " driver_us=%" PRIu64 "\n",
+             " driver_us=%" PRIu64 " moved_back=%" PRIu64 "\n",
              device, f.reserved_high, f.used_high, w.hits, w.misses, w.chunks_made, w.chunks_released, w.maps,
-             w.unmaps, w.driver_ns / 1000);
+             w.unmaps, w.driver_ns / 1000, w.moved_back_bytes);
     out += buf;
   }
   if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n";
+  if (mover) {
+    const Mover::Work w = mover->work();
+    out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
+           " moved_bytes=" + std::to_string(w.bytes) + " paused_us=" + std::to_string(w.paused_ns / 1000) + "\n";
+  }
   return out;
 }
 

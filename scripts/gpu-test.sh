@@ -400,6 +400,9 @@ step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 step stats-plane 200 stats_plane
 
+# Live spilled memory moving back under a training GCN: bit-identical losses.
+step move-train 300 python3 tests/gpu/move_train.py --shim "$shim" --out "$out/move-train"
+
 # The largest GCN (nodes) and transformer LM (batch) that train under each
 # allocator, gmem's included, with step times and peak physical / peak tensors.
 sweep=(python3 tests/gpu/sweep.py --shim "$shim" --out "$out/sweep")

@@ -1,5 +1,5 @@
 // The shim's cost, against the real driver in the same process: a forwarded
-// call, and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
+// call, a call that passes the submission gate, and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
 // cuMemAllocAsync/cuMemFreeAsync). Run it with libcuda.so.1 resolving to the
 // shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to the real
 // driver the shim loaded. Prints BENCH lines, names prefixed by
@@ -78,6 +78,14 @@ int main() {
   auto* volatile shim_fn = &cuCtxGetCurrent;
   auto* volatile real_fn = real_get_current;
   compare("forwarded_call", 10000000, [&] { shim_fn(&out); }, [&] { real_fn(&out); }, 1, "ns");
+  // A call that submits work passes the gate (interpose/gate.h) when the pool
+  // may move memory (pool:vmm): a launch of no function, refused at once.
+  auto* volatile shim_launch = &cuLaunchKernel;
+  auto* volatile real_launch = reinterpret_cast<decltype(&cuLaunchKernel)>(dlsym(real, "cuLaunchKernel"));
+  const auto refused_launch = [](decltype(&cuLaunchKernel) launch) {
+    return launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  };
+  compare("gated_call", 1000000, [&] { refused_launch(shim_launch); }, [&] { refused_launch(real_launch); }, 1, "ns");
 
   CUstream stream = nullptr;
   if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)) return 1;
