@@ -357,6 +357,26 @@ if [ "$gpus" -ge 2 ]; then
 elif selected spill-bw-peer; then
   record spill-bw-peer ".carry/spill-bw peer 768 256 1024" "SKIPPED (needs 2 GPUs, found $gpus)"
 fi
+# Spilled memory moving back to the device (tests/e2e/migrate.c): 768 MiB
+# filled within a 1 GiB device budget, then 512 MiB, of which 256 MiB spill to
+# pinned host memory (or to the NVLinked peer); four streams count in their
+# slices of it (a kernel checks and adds 1 to every word, then a copy or a
+# memset) while the 768 MiB is freed, and gmem must move the 256 MiB back to the
+# device within 30 s while they run; every word must hold its stream's count.
+# Prints BENCH migrate_{host,peer}_*. Under compute-sanitizer too: a kernel
+# that touched memory while it moved would be reported.
+migrate=("${preload[@]}" GMEM_REAL_LIBCUDA="$real")
+migrate_conf=pool:vmm,device_budget:1G,device_reserve:0,host_prepare:0,migrate_after_ms:200
+step migrate 120 "${migrate[@]}" GMEM_CONF=$migrate_conf,peer_budget:0,host_budget:4G "$carry/migrate" host 768 256 512
+# The sanitizer slows the kernels many times over: a longer wait for the move.
+step migrate-sanitizer 300 "${sanitizer[@]}" "${migrate[@]}" GMEM_CONF=$migrate_conf,peer_budget:0,host_budget:4G \
+  "$carry/migrate" host 768 256 512 120
+if [ "$gpus" -ge 2 ]; then
+  step migrate-peer 120 "${migrate[@]}" GMEM_CONF=$migrate_conf,peer_budget:1G,host_budget:0 \
+    "$carry/migrate" peer 768 256 512
+elif selected migrate-peer; then
+  record migrate-peer ".carry/migrate peer 768 256 512" "SKIPPED (needs 2 GPUs, found $gpus)"
+fi
 # The same with the host preparer on (pins ahead once the device is near full).
 step spill-prepared 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:1G \
   "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define PROGRAM "spill"
 #include "check.h"
@@ -18,12 +17,6 @@
 
 enum { max_blocks = 1024 };
 static const size_t mib = 1 << 20;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 /* GB/s of a device-to-device copy of `bytes` from `src`, best of 5. */
 static double copy_rate(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {

@@ -85,17 +85,9 @@ static int measure(const struct bench* b, CUdeviceptr data, size_t bytes, unsign
 
 /* The kernels and what timing them needs; 77 where the driver cannot load them. */
 static int bench_setup(const struct real_driver* real, CUdevice dev, struct bench* b) {
-  if (gmem_spill_bw_kernels_size == 0) {
-    printf("spill-bw: skipped: built without nvcc (no kernels)\n");
-    return 77;
-  }
   CUmodule module;
-  CUresult s = cuModuleLoadData(&module, gmem_spill_bw_kernels);
-  if (s == CUDA_ERROR_NOT_FOUND || s == CUDA_ERROR_NOT_SUPPORTED) {
-    printf("spill-bw: skipped: the driver cannot load kernels (cuModuleLoadData: %d; the emulator?)\n", s);
-    return 77;
-  }
-  CHECK(s);
+  const int loaded = load_kernels(gmem_spill_bw_kernels, gmem_spill_bw_kernels_size, &module);
+  if (loaded != 0) return loaded;
   CHECK(cuModuleGetFunction(&b->read, module, "gmem_bw_read"));
   CHECK(cuModuleGetFunction(&b->write, module, "gmem_bw_write"));
   int sms = 0;
@@ -122,15 +114,8 @@ int main(int argc, char** argv) {
   const int started = spill_start(argv + 2, &fill, &block, &span, &real, &ctx);
   if (started) return started;
   const CUdevice dev = 0, other = 1;
-  if (peer) {
-    int count = 0, can = 0;
-    CHECK(cuDeviceGetCount(&count));
-    if (count >= 2) CHECK(cuDeviceCanAccessPeer(&can, dev, other));
-    if (!can) {
-      printf("spill-bw: peer skipped: needs a second GPU that device 0 can map (%d GPUs, P2P %d)\n", count, can);
-      return 77;
-    }
-  }
+  const int reachable = peer ? peer_ready(dev, other) : 0;
+  if (reachable != 0) return reachable;
   struct bench b;
   const int ready = bench_setup(&real, dev, &b);
   if (ready != 0) return ready;

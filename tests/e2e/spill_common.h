@@ -1,11 +1,14 @@
-/* What spill.c and spill_bw.c share: the real driver opened past the shim
- * (GMEM_REAL_LIBCUDA), where it says each 2 MiB of an allocation lives (the
- * location of the physical allocation mapped there), and raw
- * VMM memory made with its own functions (no pool, no budget) for the figures
- * that the spilled memory's are compared with. Include after cuda.h. */
+/* What spill.c, spill_bw.c and migrate.c share: the real driver opened past
+ * the shim (GMEM_REAL_LIBCUDA), where it says each 2 MiB of an allocation
+ * lives (the location of the physical allocation mapped there), raw VMM memory
+ * made with its own functions (no pool, no budget) for the figures that the
+ * spilled memory's are compared with, and the embedded kernels' loading.
+ * Include after cuda.h and check.h; each program uses some of it (inline). */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const size_t spill_step = 2 << 20;
 
@@ -24,7 +27,7 @@ struct real_driver {
 };
 
 /* 0 when every function of the real driver named by GMEM_REAL_LIBCUDA was found. */
-static int open_real_driver(struct real_driver* r) {
+static inline int open_real_driver(struct real_driver* r) {
   const char* path = getenv("GMEM_REAL_LIBCUDA");
   void* lib = path ? dlopen(path, RTLD_NOW) : NULL;
   if (!lib) return -1;
@@ -45,7 +48,7 @@ static int open_real_driver(struct real_driver* r) {
 
 /* The programs' common start: FILL_MIB BLOCK_MIB SPAN_MIB from `sizes`, the
  * real driver, and device 0's context current; 0, or the exit status. */
-static int spill_start(char** sizes, size_t* fill, size_t* block, size_t* span, struct real_driver* real,
+static inline int spill_start(char** sizes, size_t* fill, size_t* block, size_t* span, struct real_driver* real,
                        CUcontext* ctx) {
   *fill = strtoull(sizes[0], NULL, 10) << 20;
   *block = strtoull(sizes[1], NULL, 10) << 20;
@@ -55,6 +58,45 @@ static int spill_start(char** sizes, size_t* fill, size_t* block, size_t* span, 
     return 2;
   }
   CHECK(use_device0(ctx));
+  return 0;
+}
+
+/* Seconds on a monotonic clock. */
+static inline double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* 0 where device `dev` can map memory of device `other` (a second GPU, P2P);
+ * else 77 (skipped), or 1. */
+static inline int peer_ready(CUdevice dev, CUdevice other) {
+  int count = 0, can = 0;
+  CHECK(cuDeviceGetCount(&count));
+  if (count > other) CHECK(cuDeviceCanAccessPeer(&can, dev, other));
+  if (!can) {
+    printf("%s: peer skipped: needs a second GPU that device %d can map (%d GPUs, P2P %d)\n", PROGRAM, dev, count,
+           can);
+    return 77;
+  }
+  return 0;
+}
+
+/* Loads the kernels embedded as `image` (a fatbin that nvcc made at build
+ * time; `size` 0 in a build without nvcc) into the current context: 0, 77
+ * (skipped) where there are none or the driver cannot load them (the
+ * emulator), or 1. */
+static inline int load_kernels(const unsigned char* image, size_t size, CUmodule* module) {
+  if (size == 0) {
+    printf("%s: skipped: built without nvcc (no kernels)\n", PROGRAM);
+    return 77;
+  }
+  CUresult s = cuModuleLoadData(module, image);
+  if (s == CUDA_ERROR_NOT_FOUND || s == CUDA_ERROR_NOT_SUPPORTED) {
+    printf("%s: skipped: the driver cannot load kernels (cuModuleLoadData: %d; the emulator?)\n", PROGRAM, s);
+    return 77;
+  }
+  CHECK(s);
   return 0;
 }
 
@@ -69,7 +111,7 @@ struct placement {
 };
 
 /* The placement of [base, base + span), asking the real driver about each 2 MiB. */
-static CUresult locate(const struct real_driver* r, CUdeviceptr base, size_t span, CUdevice dev,
+static inline CUresult locate(const struct real_driver* r, CUdeviceptr base, size_t span, CUdevice dev,
                        struct placement* p) {
   memset(p, 0, sizeof *p);
   for (size_t off = 0; off < span; off += spill_step) {
@@ -94,7 +136,7 @@ static CUresult locate(const struct real_driver* r, CUdeviceptr base, size_t spa
 
 /* Pinned memory of `dev`'s host NUMA node, or plain pinned host memory where
  * the system has none (as the pool's host tier does). */
-static CUresult host_location(CUdevice dev, CUmemLocation* where) {
+static inline CUresult host_location(CUdevice dev, CUmemLocation* where) {
   int node = -1;
   CUresult s = cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
   where->type = node >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
@@ -110,7 +152,7 @@ struct raw_memory {
   size_t size;
 };
 
-static CUresult raw_map(const struct real_driver* r, CUmemLocation where, size_t size, CUdevice dev,
+static inline CUresult raw_map(const struct real_driver* r, CUmemLocation where, size_t size, CUdevice dev,
                         struct raw_memory* m) {
   CUmemAllocationProp prop;
   memset(&prop, 0, sizeof prop);
@@ -125,7 +167,7 @@ static CUresult raw_map(const struct real_driver* r, CUmemLocation where, size_t
   return s;
 }
 
-static CUresult raw_unmap(const struct real_driver* r, struct raw_memory* m) {
+static inline CUresult raw_unmap(const struct real_driver* r, struct raw_memory* m) {
   CUresult s = r->unmap(m->ptr, m->size);
   if (s == CUDA_SUCCESS) s = r->address_free(m->ptr, m->size);
   if (s == CUDA_SUCCESS) s = r->release(m->handle);
