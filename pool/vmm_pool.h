@@ -155,8 +155,8 @@ class VmmPool {
   // allocations synchronized, `device`'s context current: copies the spilled
   // chunks of live allocations into new chunks of the device while it has
   // room (the most recently handed out ranges first) and maps each at the
-  // address of the chunk it replaces, which goes back to its tier; free
-  // spilled chunks go back too; free device chunks idle since `idle_since_ns`
+  // address of the chunk it replaces, which stays cached, free (a spill
+  // into it costs no pinning); free device chunks idle since `idle_since_ns`
   // go back to the driver where the room is needed. The bytes moved; the live
   // allocations whose memory moved are added to `moved`.
   std::size_t move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved);
