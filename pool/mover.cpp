@@ -22,6 +22,8 @@ constexpr std::chrono::milliseconds shortest_period{10};
 // A round the program's calls would not let through is tried again later and
 // later: at most 2^6 periods apart.
 constexpr int longest_backoff = 6;
+// The quiet a job that spilled at long intervals must keep before memory moves.
+constexpr std::chrono::minutes longest_quiet{5};
 
 // Every Mover, for the exit and fork handlers of their threads.
 std::mutex movers_mutex;
@@ -54,7 +56,9 @@ Mover::~Mover() {
 
 void Mover::spilled() {
   std::lock_guard lock(mutex_);
-  last_spill_ns_ = now_ns();
+  const int64_t now = now_ns();
+  if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, now - last_spill_ns_);
+  last_spill_ns_ = now;
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] { run(); });
   static std::once_flag handlers;
@@ -83,7 +87,10 @@ Mover::Work Mover::work() const {
   return work_;
 }
 
-std::size_t Mover::move_now() { return round(); }
+std::chrono::nanoseconds Mover::quiet_needed() const {
+  return std::max<std::chrono::nanoseconds>(settings_.after,
+                                            std::min<std::chrono::nanoseconds>(std::chrono::nanoseconds(2 * longest_gap_ns_), longest_quiet));
+}
 
 void Mover::run() {
   const auto period = std::max(settings_.after, shortest_period);
@@ -91,8 +98,8 @@ void Mover::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const auto quiet = std::chrono::nanoseconds(now_ns() - last_spill_ns_);
-    if (quiet < settings_.after) {
-      wake_.wait_for(lock, settings_.after - quiet);
+    if (quiet < quiet_needed()) {
+      wake_.wait_for(lock, quiet_needed() - quiet);
       continue;
     }
     const uint64_t abandoned = work_.abandoned;

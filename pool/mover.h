@@ -1,7 +1,9 @@
 // Moves the spilled memory of live allocations back to the device once the
 // device has room again: a background thread, started at the first spill,
-// waits until no chunk has been spilled for `after` (a job still spilling
-// would only push other memory out), then pauses the program's submissions
+// waits until no allocation has been served with spilled memory for `after`,
+// and for twice the longest such gap seen (at most five minutes): a job that
+// spills at every step (training past the device's memory) would only push
+// other memory out, mid-step, and pay for it again. Then it pauses the program's submissions
 // (interpose/gate.h), synchronizes the contexts of live allocations, and lets
 // the pool copy each spilled chunk into a new device chunk and remap it at the
 // same address. Nothing can touch the memory meanwhile: no call that submits
@@ -53,12 +55,9 @@ class Mover {
   Mover(const Mover&) = delete;
   Mover& operator=(const Mover&) = delete;
 
-  // A chunk was just spilled (called under the pool's lock): starts the
-  // thread the first time.
+  // An allocation was just served with spilled memory (called under the
+  // pool's lock): starts the thread the first time.
   void spilled();
-  // One round now, on the calling thread, whatever the time since the last
-  // spill (tests); the bytes moved.
-  std::size_t move_now();
   void stop();
   // In a forked child the thread did not come along: the object is never
   // touched again.
@@ -75,6 +74,7 @@ class Mover {
  private:
   void run();
   std::size_t round();
+  std::chrono::nanoseconds quiet_needed() const;  // under mutex_
 
   VmmPool& vmm_;
   const vmm::Driver& driver_;
@@ -83,6 +83,7 @@ class Mover {
   std::condition_variable wake_;
   bool stopping_ = false;
   int64_t last_spill_ns_ = 0;
+  int64_t longest_gap_ns_ = 0;  // between allocations served with spilled memory
   Work work_;
   std::mutex round_mutex_;  // one round at a time
   std::thread thread_;

@@ -167,7 +167,6 @@ CUresult VmmPool::new_piece(int device, std::size_t size, Piece** out, bool spil
   piece.id = ++pieces_made_;
   piece.spilled = !(piece.memory.location() == vmm::Location::device(device));
   piece.holder = chosen;
-  if (piece.spilled && mover_) mover_->spilled();
   *out = &piece;
   return CUDA_SUCCESS;
 }
@@ -481,6 +480,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
     d.peak_used = std::max(d.peak_used, d.figures.used);
     publish_free_figures(device);
+    if (mover_ && tiers_->spilled(device) && spilled(*range)) mover_->spilled();
   }
   return status;
 }

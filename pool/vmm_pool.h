@@ -138,7 +138,7 @@ class VmmPool {
   CUresult make_private(CUdeviceptr base, bool copy);
 
   // ---- Moving spilled memory back (pool/mover.h). ----
-  // Told of every spill (set once, before use).
+  // Told of every allocation served with spilled memory (set once, before use).
   void observe_spills(Mover* mover) { mover_ = mover; }
   struct Movable {
     int device = -1;

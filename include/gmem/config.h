@@ -46,8 +46,9 @@
     "host_budget); 0: no thread")                                                     \
   X(migrate_after_ms, millis, "1000",                                              \
     "pool:vmm moves the spilled memory of live allocations back to the device once "  \
-    "nothing has spilled for this long and the device has room again; the program's " \
-    "launches and copies pause while it moves; 0: never")                       \
+    "no allocation has been served with spilled memory for this long (and for twice " \
+    "the longest gap between such allocations, at most 5 minutes) and the device has " \
+    "room again; the program's launches and copies pause while it moves; 0: never")  \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \
