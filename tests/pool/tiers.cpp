@@ -10,6 +10,7 @@
 //   HostChunks.* peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
 //   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
+//               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -544,44 +545,67 @@ TEST_F(MemInfo, TiersReportsTheirRoomInGetInfo) {
   EXPECT_EQ(free, 42 * mib);
 }
 
-// meson's move run: no peer tier, migrate_after_ms:50. moved_back_bytes
-// counts over the whole process: each test reads it as it found it.
+// meson's move runs, migrate_after_ms:50: move (the host tier only) and
+// move-peer (the peer only). moved_back_bytes counts over the whole process:
+// each test reads it as it found it.
 using Move = Tiers;
 
 uint64_t moved_back() { return OwnStats().device(0, GMEM_STAT_moved_back_bytes); }
 
-// 40 MiB, then 40 MiB more: 24 of it on the device, 16 on the host. While the
-// device is full nothing moves; once the first allocation is freed and its
-// memory has stayed unused for 50 ms, the mover copies the host part onto the
-// device, at the same addresses; the host chunk stays cached, free.
+// Whether the emulated driver's own chunk under `ptr` is device 0's memory
+// (not the host's, nor the peer's).
+bool on_device_0(CUdeviceptr ptr) {
+  void* emu = dlopen(getenv("GMEM_REAL_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+  auto retain = emu ? reinterpret_cast<decltype(&cuMemRetainAllocationHandle)>(dlsym(emu, "cuMemRetainAllocationHandle"))
+                    : nullptr;
+  auto properties = emu ? reinterpret_cast<decltype(&cuMemGetAllocationPropertiesFromHandle)>(
+                              dlsym(emu, "cuMemGetAllocationPropertiesFromHandle"))
+                        : nullptr;
+  auto release = emu ? reinterpret_cast<decltype(&cuMemRelease)>(dlsym(emu, "cuMemRelease")) : nullptr;
+  CUmemGenericAllocationHandle handle = 0;
+  if (!retain || !properties || !release || retain(&handle, reinterpret_cast<void*>(ptr)) != CUDA_SUCCESS) {
+    return false;
+  }
+  CUmemAllocationProp prop{};
+  const bool known = properties(&prop, handle) == CUDA_SUCCESS;
+  release(handle);
+  return known && prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop.location.id == 0;
+}
+
+// Bytes of `p` in a tier, as gmem lists them.
+uint64_t spilled_bytes(const OwnStats& stats, CUdeviceptr p) {
+  return stats.placement(p).host_bytes + stats.placement(p).peer_bytes;
+}
+
 TEST_F(Move, LiveSpilledMemoryMovesBackOnceTheDeviceHasRoom) {
   CUdeviceptr a = alloc(40 * mib);
   CUdeviceptr b = alloc(40 * mib);
   fill(b, 40 * mib, 31);
-  ASSERT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  ASSERT_FALSE(on_device_0(b + 39 * mib));
   const uint64_t before = moved_back();
   usleep(300000);
   OwnStats stats;
-  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  EXPECT_FALSE(on_device_0(b + 39 * mib));
   EXPECT_EQ(moved_back(), before);
-  EXPECT_EQ(stats.placement(b).host_bytes, 16 * mib);
+  EXPECT_EQ(spilled_bytes(stats, b), 16 * mib);
   free(a);
   ASSERT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
-  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_DEVICE);
+  EXPECT_TRUE(on_device_0(b + 39 * mib));
   check(b, 40 * mib, 31);
-  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 0u);
-  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 16 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes) + stats.device(0, GMEM_STAT_peer_bytes), 0u);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes) + stats.device(0, GMEM_STAT_peer_reserved_bytes),
+            16 * mib);
   EXPECT_EQ(stats.device(0, GMEM_STAT_device_bytes), 40 * mib);
   EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 40 * mib);
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_DEVICE);
-  EXPECT_EQ(stats.placement(b).host_bytes, 0u);
+  EXPECT_EQ(spilled_bytes(stats, b), 0u);
 }
 
 // Memory the program keeps using stays where it is: a device chunk freed and
 // taken again every few milliseconds is never idle long enough to make room.
 TEST_F(Move, MemoryInUseIsNotTakenToMakeRoom) {
   CUdeviceptr b = alloc(40 * mib);
-  CUdeviceptr c = alloc(40 * mib);  // 24 on the device, 16 on the host
+  CUdeviceptr c = alloc(40 * mib);  // 24 on the device, 16 in the tier
   fill(c, 40 * mib, 32);
   const uint64_t before = moved_back();
   for (int i = 0; i < 30; ++i) {
@@ -590,7 +614,7 @@ TEST_F(Move, MemoryInUseIsNotTakenToMakeRoom) {
     b = alloc(40 * mib);
   }
   EXPECT_EQ(moved_back(), before);
-  EXPECT_EQ(driver_memory_type(c + 39 * mib), CU_MEMORYTYPE_HOST);
+  EXPECT_FALSE(on_device_0(c + 39 * mib));
   check(c, 40 * mib, 32);
 }
 
@@ -601,10 +625,10 @@ TEST_F(Move, MemoryInUseIsNotTakenToMakeRoom) {
 TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
   CUdeviceptr a = alloc(40 * mib);
   CUdeviceptr b = alloc(40 * mib);
-  ASSERT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_HOST);
+  ASSERT_FALSE(on_device_0(b + 39 * mib));
   const uint64_t before = moved_back();
   constexpr int thread_count = 4;
-  constexpr std::size_t part = 4 * mib;  // the parts cover b's last 16 MiB, the host's
+  constexpr std::size_t part = 4 * mib;  // the parts cover b's last 16 MiB, the spilled ones
   std::atomic<bool> moved{false};
   std::atomic<int> corrupt{0}, rounds{0};
   std::vector<std::thread> threads;
@@ -629,7 +653,7 @@ TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
   moved = true;
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
-  EXPECT_EQ(driver_memory_type(b + 39 * mib), CU_MEMORYTYPE_DEVICE);
+  EXPECT_TRUE(on_device_0(b + 39 * mib));
 }
 
 }  // namespace
