@@ -76,7 +76,7 @@ std::string stats_table(const v1::GetStatsResponse& response) {
   std::string out = printf_string("%8s %3s %11s %11s %11s %11s %11s %5s %8s %10s %11s  %s\n", "PID", "DEV", "RESERVED",
                                   "IN USE", "ON DEVICE", "ON PEER", "ON HOST", "FRAG", "STITCHED", "ALLOCS",
                                   "DEDUP SAVED", "COMMAND");
-  uint64_t marked = 0, saved = 0;
+  uint64_t marked = 0, saved = 0, moved_back = 0;
   for (const v1::ProcessStats& p : response.processes()) {
     for (const v1::DeviceStats& d : p.devices()) {
       out += printf_string("%8d %3d %11s %11s %11s %11s %11s %4.0f%% %8" PRIu64 " %10" PRIu64 " %11s  %s\n",
@@ -87,8 +87,11 @@ std::string stats_table(const v1::GetStatsResponse& response) {
                            human_bytes(d.dedup_shared_bytes()).c_str(), p.process().command().c_str());
       marked += d.dedup_marked_bytes();
       saved += d.dedup_shared_bytes();
+      moved_back += d.moved_back_bytes();
     }
   }
+  // Spilled memory of live allocations the processes shown moved back to their devices.
+  if (moved_back) out += "moved back to the device from the tiers: " + human_bytes(moved_back) + "\n";
   // Dedup: what the processes shown marked read-only, and what they map on
   // another process's copy instead of holding their own.
   if (marked || saved) {

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     writer.set(d, GMEM_STAT_device_bytes, reserved / 2);
     writer.set(d, GMEM_STAT_allocations, static_cast<uint64_t>(allocations));
     writer.set(d, GMEM_STAT_stitched_ranges, 1);
+    writer.set(d, GMEM_STAT_moved_back_bytes, reserved / 8);
     for (int a = 0; a < allocations; ++a) {
       writer.place((0x7f0000000000ull + (uint64_t(d) << 36)) + (uint64_t(a) << 24), 1u << 20, d, GMEM_TIER_DEVICE,
                    GMEM_KIND_DEVICE, static_cast<uint16_t>(a == 0 ? 2 : 1));

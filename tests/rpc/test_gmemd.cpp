@@ -51,6 +51,7 @@ TEST_F(Gmemd, PsStatsAndPlacementShowWhatProcessesPublished) {
   EXPECT_EQ(devices[1].reserved_bytes(), 2ull << 30);
   EXPECT_EQ(devices[1].in_use_bytes(), 1ull << 30);
   EXPECT_EQ(devices[1].allocations(), 5u);
+  EXPECT_EQ(devices[1].moved_back_bytes(), 256u << 20);
   EXPECT_DOUBLE_EQ(devices[1].fragmentation(), 0.5);
   EXPECT_EQ(devices[1].uuid().substr(0, 2), "a1");
 
@@ -72,6 +73,8 @@ TEST_F(Gmemd, PsStatsAndPlacementShowWhatProcessesPublished) {
   auto table = ctl({"stats", pid_of(*two)});
   EXPECT_NE(table.out.find("2.0 GiB"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("50%"), std::string::npos) << table.out;
+  // Devices 0 and 1 moved 1/8 of their 1 and 2 GiB back.
+  EXPECT_NE(table.out.find("moved back to the device from the tiers: 384.0 MiB"), std::string::npos) << table.out;
   EXPECT_NE(ctl({"placement", pid_of(*one)}).out.find("0x00007f0000000000     1.0 MiB     2.0 MiB   0 device alloc"),
             std::string::npos);
 }
