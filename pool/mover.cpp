@@ -126,11 +126,9 @@ std::size_t Mover::round() {
     // No submitting call runs now; what was submitted before is waited for
     // (not while a capture runs: a sync would break it).
     bool synced = !capturing();
-    for (CUcontext context : vmm_.live_contexts()) {
-      if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) {
-        synced = false;
-        break;
-      }
+    for (CUcontext context : vmm_.contexts()) {
+      // One that cannot be made current has no work left to wait for.
+      if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
       synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
       CUcontext popped = nullptr;
       driver_.cuCtxPopCurrent_v2(&popped);

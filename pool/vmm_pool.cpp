@@ -480,6 +480,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     d.figures.used_high = std::max(d.figures.used_high, d.figures.used);
     d.peak_used = std::max(d.peak_used, d.figures.used);
     publish_free_figures(device);
+    if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
     if (mover_ && tiers_->spilled(device) && spilled(*range)) mover_->spilled();
   }
   return status;
@@ -700,6 +701,7 @@ void VmmPool::trim_locked(int device, std::size_t keep) {
 
 void VmmPool::forget_context(CUcontext context) {
   std::lock_guard lock(mutex_);
+  std::erase(contexts_, context);
   for (auto& [base, range] : ranges_) {
     for (std::size_t i = 0; i < range->blocks.size(); ++i) {
       if (range->blocks[i].size && range->blocks[i].context == context) release(*range, i, Pending{});
@@ -902,16 +904,9 @@ std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
   return out;
 }
 
-std::vector<CUcontext> VmmPool::live_contexts() const {
+std::vector<CUcontext> VmmPool::contexts() const {
   std::lock_guard lock(mutex_);
-  std::vector<CUcontext> out;
-  for (const auto& [base, range] : ranges_) {
-    if (!range->live) continue;
-    for (const Block& b : range->blocks) {
-      if (b.size && b.context && std::find(out.begin(), out.end(), b.context) == out.end()) out.push_back(b.context);
-    }
-  }
-  return out;
+  return contexts_;
 }
 
 std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved_blocks) {

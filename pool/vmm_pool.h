@@ -149,8 +149,9 @@ class VmmPool {
   // device_reserve), and the pool's own free device chunks no request has
   // used since `idle_since_ns` (steady clock).
   std::vector<Movable> movable(int64_t idle_since_ns);
-  // The contexts of live allocations: the ones to synchronize before moving.
-  std::vector<CUcontext> live_contexts() const;
+  // Every context the pool has served and not seen destroyed: the ones to
+  // synchronize before moving (a kernel of one may use another's memory).
+  std::vector<CUcontext> contexts() const;
   // Only with the program's submissions stopped and every context of live
   // allocations synchronized, `device`'s context current: copies the spilled
   // chunks of live allocations into new chunks of the device while it has
@@ -338,6 +339,7 @@ class VmmPool {
   uint64_t queries_ = 0;
   uint64_t ranges_made_ = 0, pieces_made_ = 0;
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
+  std::vector<CUcontext> contexts_;  // served, not destroyed
   std::map<int, Device> devices_;
   std::deque<Fence> fences_;
   std::unordered_map<CUcontext, std::vector<Fence*>> spare_fences_;  // by context
