@@ -88,8 +88,8 @@ Mover::Work Mover::work() const {
 }
 
 std::chrono::nanoseconds Mover::quiet_needed() const {
-  return std::max<std::chrono::nanoseconds>(settings_.after,
-                                            std::min<std::chrono::nanoseconds>(std::chrono::nanoseconds(2 * longest_gap_ns_), longest_quiet));
+  using std::chrono::nanoseconds;
+  return std::max<nanoseconds>(settings_.after, std::min<nanoseconds>(nanoseconds(2 * longest_gap_ns_), longest_quiet));
 }
 
 void Mover::run() {
@@ -103,22 +103,20 @@ void Mover::run() {
       continue;
     }
     const uint64_t abandoned = work_.abandoned;
+    const auto idle = quiet_needed();
     lock.unlock();
-    round();
+    round(idle);
     lock.lock();
     backoff = work_.abandoned > abandoned ? std::min(backoff + 1, longest_backoff) : 0;
     wake_.wait_for(lock, period * (1 << backoff), [&] { return stopping_; });
   }
 }
 
-std::size_t Mover::round() {
-  std::lock_guard serial(round_mutex_);
+void Mover::round(std::chrono::nanoseconds idle) {
   const auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
-  // Device memory the pool holds free counts as room once no request has
-  // used it for as long as spills must have stopped.
-  const int64_t idle_since = now_ns() - std::chrono::nanoseconds(settings_.after).count();
+  const int64_t idle_since = now_ns() - idle.count();
   const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
-  if (devices.empty() || capturing()) return 0;
+  if (devices.empty() || capturing()) return;
   Submissions& gate = *settings_.submissions;
   const int64_t paused_at = now_ns();
   bool held = false;
@@ -156,7 +154,6 @@ std::size_t Mover::round() {
   } else {
     ++work_.abandoned;
   }
-  return moved;
 }
 
 }  // namespace gmem::pool

@@ -73,7 +73,9 @@ class Mover {
 
  private:
   void run();
-  std::size_t round();
+  // Moves what fits, where the pool's free device chunks unused for `idle`
+  // count as room (as long as spills had to stop).
+  void round(std::chrono::nanoseconds idle);
   std::chrono::nanoseconds quiet_needed() const;  // under mutex_
 
   VmmPool& vmm_;
@@ -85,7 +87,6 @@ class Mover {
   int64_t last_spill_ns_ = 0;
   int64_t longest_gap_ns_ = 0;  // between allocations served with spilled memory
   Work work_;
-  std::mutex round_mutex_;  // one round at a time
   std::thread thread_;
 };
 
