@@ -27,7 +27,7 @@
 extern const unsigned char gmem_migrate_kernels[];
 extern const size_t gmem_migrate_kernels_size;
 
-enum { max_blocks = 1024, streams = 4, threads = 256, shown = 5 };
+enum { streams = 4, threads = 256, shown = 5 };
 static const size_t mib = 1 << 20;
 /* Each stream steps at least `least_steps` times and for `phase_s` seconds
  * before A is freed and again once B is on the device, so that its steps span
@@ -189,21 +189,11 @@ static int verify(struct worker* w, const unsigned* steps, CUdeviceptr b) {
 }
 
 int main(int argc, char** argv) {
-  const int peer = (argc == 5 || argc == 6) && strcmp(argv[1], "peer") == 0;
-  if ((argc != 5 && argc != 6) || (!peer && strcmp(argv[1], "host") != 0)) {
-    fprintf(stderr, "usage: migrate host|peer FILL_MIB BLOCK_MIB SPAN_MIB [TIMEOUT_S]\n");
-    return 2;
-  }
-  const char* name = argv[1];
-  const double timeout = argc == 6 ? strtod(argv[5], NULL) : 30;
-  size_t fill, block, span;
-  struct real_driver real;
-  CUcontext ctx;
-  const int started = spill_start(argv + 2, &fill, &block, &span, &real, &ctx);
+  struct tier_run run;
+  const int started = tier_start(argc, argv, 1, " [TIMEOUT_S]", &run);
   if (started) return started;
-  const CUdevice dev = 0, other = 1;
-  const int reachable = peer ? peer_ready(dev, other) : 0;
-  if (reachable != 0) return reachable;
+  const double timeout = argc == 6 ? strtod(argv[5], NULL) : 30;
+  const CUdevice dev = 0;
   CUmodule module;
   const int loaded = load_kernels(gmem_migrate_kernels, gmem_migrate_kernels_size, &module);
   if (loaded != 0) return loaded;
@@ -215,21 +205,16 @@ int main(int argc, char** argv) {
    * placement alone: two per stream, 64 bytes apart. */
   struct raw_memory counters;
   const CUmemLocation on_device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
-  CHECK(raw_map(&real, on_device, spill_step, dev, &counters));
+  CHECK(raw_map(&run.real, on_device, spill_step, dev, &counters));
   CHECK(cuMemsetD32(counters.ptr, 0xffffffffu, spill_step / 4));
 
   /* A fills the device's budget; B spills. */
-  static CUdeviceptr blocks[max_blocks];
-  int n = 0;
-  for (size_t held = 0; held < fill && n < max_blocks; held += block) CHECK(cuMemAlloc(&blocks[n++], block));
-  CUdeviceptr b;
-  CHECK(cuMemAlloc(&b, span));
-  struct placement where;
-  CHECK(locate(&real, b, span, dev, &where));
-  const enum tier t = peer ? tier_peer : tier_host;
+  static struct filled a;
+  if (fill_then_spill(&run, dev, &a)) return 1;
+  const CUdeviceptr b = a.big;
+  const enum tier t = a.tier;
+  struct placement where = a.where;
   const size_t spilled = where.bytes[t];
-  printf("migrate: the driver places the %zu MiB allocation on device %zu MiB, peer %zu MiB, host %zu MiB\n",
-         span / mib, where.bytes[tier_device] / mib, where.bytes[tier_peer] / mib, where.bytes[tier_host] / mib);
   if (spilled == 0) {
     fprintf(stderr, "migrate: nothing of B on the %s: the setup did not spill (raise SPAN_MIB or lower the budgets)\n",
             tier_names[t]);
@@ -238,16 +223,16 @@ int main(int argc, char** argv) {
 
   static atomic_int stop;
   static struct worker w[streams];
-  const size_t half = span / streams / 2 / 16 * 16;
+  const size_t half = run.span / streams / 2 / 16 * 16;
   for (int i = 0; i < streams; ++i) {
-    w[i] = (struct worker){.ctx = ctx, .step = step, .blocks = 4 * sms, .half = half, .stop = &stop};
+    w[i] = (struct worker){.ctx = run.ctx, .step = step, .blocks = 4 * sms, .half = half, .stop = &stop};
     w[i].x = b + 2 * i * half;
     w[i].y = w[i].x + half;
     w[i].bad = counters.ptr + 64 * i;
     CHECK(cuMemsetD32(w[i].bad, 0, 2));
   }
   printf("migrate: %s: %d streams step over %zu MiB slices of it, %u blocks x %d threads; A (%zu MiB) goes next\n",
-         name, streams, 2 * half / mib, w[0].blocks, threads, (size_t)n * block / mib);
+         run.name, streams, 2 * half / mib, w[0].blocks, threads, (size_t)a.n * run.block / mib);
   const double ts = now();
   int running = 0;
   for (; running < streams; ++running) {
@@ -259,7 +244,7 @@ int main(int argc, char** argv) {
   if (!failed) failed = run_phase(w, NULL, before);
   if (!failed) {
     /* Nothing moves while the device has no room. */
-    const CUresult s = locate(&real, b, span, dev, &where);
+    const CUresult s = locate(&run.real, b, run.span, dev, &where);
     failed = s != CUDA_SUCCESS || where.bytes[t] != spilled;
     if (failed) {
       fprintf(stderr, "migrate: before A was freed, B has %zu MiB on the %s, not %zu MiB (query: %d)\n",
@@ -268,8 +253,8 @@ int main(int argc, char** argv) {
   }
   if (!failed) {
     t0 = now();
-    for (int i = 0; i < n; ++i) CHECK(cuMemFree(blocks[i]));
-    failed = wait_moved(&real, b, span, dev, timeout, w);
+    for (int i = 0; i < a.n; ++i) CHECK(cuMemFree(a.blocks[i]));
+    failed = wait_moved(&run.real, b, run.span, dev, timeout, w);
     t1 = now();
     for (int i = 0; i < streams; ++i) moved[i] = atomic_load(&w[i].steps);
   }
@@ -294,12 +279,12 @@ int main(int argc, char** argv) {
 
   printf("migrate ok: %zu MiB moved back while %u kernels ran on %d streams (%u while it moved)\n", spilled / mib,
          total(steps), streams, total(moved) - total(before));
-  printf("BENCH migrate_%s_%zuMiB_ms %.1f ms\n", name, spilled / mib, (t1 - t0) * 1e3);
-  printf("BENCH migrate_%s_kernels_while_moving %u kernels\n", name, total(moved) - total(before));
-  printf("BENCH migrate_%s_longest_call_ms %.1f ms\n", name, longest * 1e3);
-  printf("BENCH migrate_%s_kernels_per_s_spilled %.1f kernels/s\n", name, total(before) / (t0 - ts));
-  printf("BENCH migrate_%s_kernels_per_s_moved %.1f kernels/s\n", name, (total(after) - total(moved)) / (t2 - t1));
+  printf("BENCH migrate_%s_%zuMiB_ms %.1f ms\n", run.name, spilled / mib, (t1 - t0) * 1e3);
+  printf("BENCH migrate_%s_kernels_while_moving %u kernels\n", run.name, total(moved) - total(before));
+  printf("BENCH migrate_%s_longest_call_ms %.1f ms\n", run.name, longest * 1e3);
+  printf("BENCH migrate_%s_kernels_per_s_spilled %.1f kernels/s\n", run.name, total(before) / (t0 - ts));
+  printf("BENCH migrate_%s_kernels_per_s_moved %.1f kernels/s\n", run.name, (total(after) - total(moved)) / (t2 - t1));
   CHECK(cuMemFree(b));
-  CHECK(raw_unmap(&real, &counters));
+  CHECK(raw_unmap(&run.real, &counters));
   return 0;
 }

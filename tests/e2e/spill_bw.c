@@ -21,7 +21,7 @@
 extern const unsigned char gmem_spill_bw_kernels[];
 extern const size_t gmem_spill_bw_kernels_size;
 
-enum { max_blocks = 1024, runs = 20, threads = 256 };
+enum { runs = 20, threads = 256 };
 static const size_t mib = 1 << 20, least = 256 << 20;
 static const double goal = 0.95;
 
@@ -102,68 +102,50 @@ static int bench_setup(const struct real_driver* real, CUdevice dev, struct benc
 }
 
 int main(int argc, char** argv) {
-  const int peer = argc == 5 && strcmp(argv[1], "peer") == 0;
-  if (argc != 5 || (!peer && strcmp(argv[1], "host") != 0)) {
-    fprintf(stderr, "usage: spill-bw host|peer FILL_MIB BLOCK_MIB SPAN_MIB\n");
-    return 2;
-  }
-  const char* name = argv[1];
-  size_t fill, block, span;
-  struct real_driver real;
-  CUcontext ctx;
-  const int started = spill_start(argv + 2, &fill, &block, &span, &real, &ctx);
+  struct tier_run run;
+  const int started = tier_start(argc, argv, 0, "", &run);
   if (started) return started;
   const CUdevice dev = 0, other = 1;
-  const int reachable = peer ? peer_ready(dev, other) : 0;
-  if (reachable != 0) return reachable;
   struct bench b;
-  const int ready = bench_setup(&real, dev, &b);
+  const int ready = bench_setup(&run.real, dev, &b);
   if (ready != 0) return ready;
 
-  static CUdeviceptr blocks[max_blocks];
-  int n = 0;
-  for (size_t held = 0; held < fill && n < max_blocks; held += block) CHECK(cuMemAlloc(&blocks[n++], block));
-  CUdeviceptr big;
-  CHECK(cuMemAlloc(&big, span));
-  struct placement where;
-  CHECK(locate(&real, big, span, dev, &where));
-  const enum tier t = peer ? tier_peer : tier_host;
-  const size_t bytes = where.run[t], start = where.start[t];
-  printf("spill-bw: the driver places the %zu MiB allocation on device %zu MiB, peer %zu MiB, host %zu MiB\n",
-         span / mib, where.bytes[tier_device] / mib, where.bytes[tier_peer] / mib, where.bytes[tier_host] / mib);
+  static struct filled a;
+  if (fill_then_spill(&run, dev, &a)) return 1;
+  const size_t bytes = a.where.run[a.tier], start = a.where.start[a.tier];
   if (bytes < least) {
     fprintf(stderr, "spill-bw: %zu MiB in one run on the %s, %zu MiB needed: raise SPAN_MIB or lower the budgets\n",
-            bytes / mib, tier_names[t], least / mib);
+            bytes / mib, tier_names[a.tier], least / mib);
     return 1;
   }
-  printf("spill-bw: %s: %zu MiB at +%zu MiB, %u blocks x %d threads, best of %d after a warm-up\n", name,
+  printf("spill-bw: %s: %zu MiB at +%zu MiB, %u blocks x %d threads, best of %d after a warm-up\n", run.name,
          bytes / mib, start / mib, b.blocks, threads, runs);
 
   double spilled[2], raw[2];
-  if (measure(&b, big + start, bytes, 0x5eed0001u, spilled)) return 1;
+  if (measure(&b, a.big + start, bytes, 0x5eed0001u, spilled)) return 1;
   CUmemLocation at = {CU_MEM_LOCATION_TYPE_DEVICE, other};
-  if (!peer) CHECK(host_location(dev, &at));
+  if (!run.peer) CHECK(host_location(dev, &at));
   struct raw_memory m;
-  CHECK(raw_map(&real, at, bytes, dev, &m));
+  CHECK(raw_map(&run.real, at, bytes, dev, &m));
   if (measure(&b, m.ptr, bytes, 0x5eed0002u, raw)) return 1;
-  CHECK(raw_unmap(&real, &m));
+  CHECK(raw_unmap(&run.real, &m));
 
   int below = 0;
   for (int write = 0; write < 2; ++write) {
     const char* op = write ? "write" : "read";
     const double ratio = spilled[write] / raw[write];
-    printf("BENCH spill_%s_%s_gbs %.2f GB/s\n", name, op, spilled[write]);
-    printf("BENCH raw_%s_%s_gbs %.2f GB/s\n", name, op, raw[write]);
-    printf("BENCH spill_%s_%s_ratio %.4f ratio\n", name, op, ratio);
+    printf("BENCH spill_%s_%s_gbs %.2f GB/s\n", run.name, op, spilled[write]);
+    printf("BENCH raw_%s_%s_gbs %.2f GB/s\n", run.name, op, raw[write]);
+    printf("BENCH spill_%s_%s_ratio %.4f ratio\n", run.name, op, ratio);
     if (ratio < goal) {
-      fprintf(stderr, "spill-bw: %s %s: spilled %.4f of raw, below %.2f\n", name, op, ratio, goal);
+      fprintf(stderr, "spill-bw: %s %s: spilled %.4f of raw, below %.2f\n", run.name, op, ratio, goal);
       below = 1;
     }
   }
-  CHECK(cuMemFree(big));
-  for (int i = 0; i < n; ++i) CHECK(cuMemFree(blocks[i]));
-  CHECK(raw_unmap(&real, &b.sum));
+  CHECK(cuMemFree(a.big));
+  for (int i = 0; i < a.n; ++i) CHECK(cuMemFree(a.blocks[i]));
+  CHECK(raw_unmap(&run.real, &b.sum));
   if (below) return 1;
-  printf("spill-bw %s ok\n", name);
+  printf("spill-bw %s ok\n", run.name);
   return 0;
 }

@@ -82,6 +82,30 @@ static inline int peer_ready(CUdevice dev, CUdevice other) {
   return 0;
 }
 
+/* A run of a program started as "PROGRAM host|peer FILL_MIB BLOCK_MIB SPAN_MIB". */
+struct tier_run {
+  int peer;         /* the tier: a peer GPU (device 1), else the host */
+  const char* name; /* "host" or "peer" */
+  size_t fill, block, span;
+  struct real_driver real;
+  CUcontext ctx;
+};
+
+/* Reads `run` from argv, with up to `optional` arguments more (`usage` shows
+ * them), and starts as spill_start does; for peer, device 0 must be able to
+ * map device 1. 0, or the exit status. */
+static inline int tier_start(int argc, char** argv, int optional, const char* usage, struct tier_run* run) {
+  run->peer = argc >= 5 && strcmp(argv[1], "peer") == 0;
+  run->name = argv[1];
+  if (argc < 5 || argc > 5 + optional || (!run->peer && strcmp(argv[1], "host") != 0)) {
+    fprintf(stderr, "usage: %s host|peer FILL_MIB BLOCK_MIB SPAN_MIB%s\n", PROGRAM, usage);
+    return 2;
+  }
+  const int started = spill_start(argv + 2, &run->fill, &run->block, &run->span, &run->real, &run->ctx);
+  if (started) return started;
+  return run->peer ? peer_ready(0, 1) : 0;
+}
+
 /* Loads the kernels embedded as `image` (a fatbin that nvcc made at build
  * time; `size` 0 in a build without nvcc) into the current context: 0, 77
  * (skipped) where there are none or the driver cannot load them (the
@@ -134,6 +158,34 @@ static inline CUresult locate(const struct real_driver* r, CUdeviceptr base, siz
   return CUDA_SUCCESS;
 }
 
+
+/* A filled device, then a spilling allocation: FILL_MIB in BLOCK_MIB
+ * allocations (at most spill_blocks), then SPAN_MIB (big), whose placement
+ * the driver gives (where, printed); tier: the run's tier. */
+enum { spill_blocks = 1024 };
+struct filled {
+  CUdeviceptr blocks[spill_blocks];
+  int n;
+  CUdeviceptr big;
+  struct placement where;
+  enum tier tier;
+};
+
+/* 0, or 1 where a call failed. */
+static inline int fill_then_spill(const struct tier_run* run, CUdevice dev, struct filled* f) {
+  const size_t mib = 1 << 20;
+  f->n = 0;
+  f->tier = run->peer ? tier_peer : tier_host;
+  for (size_t held = 0; held < run->fill && f->n < spill_blocks; held += run->block) {
+    CHECK(cuMemAlloc(&f->blocks[f->n++], run->block));
+  }
+  CHECK(cuMemAlloc(&f->big, run->span));
+  CHECK(locate(&run->real, f->big, run->span, dev, &f->where));
+  printf("%s: the driver places the %zu MiB allocation on device %zu MiB, peer %zu MiB, host %zu MiB\n", PROGRAM,
+         run->span / mib, f->where.bytes[tier_device] / mib, f->where.bytes[tier_peer] / mib,
+         f->where.bytes[tier_host] / mib);
+  return 0;
+}
 /* Pinned memory of `dev`'s host NUMA node, or plain pinned host memory where
  * the system has none (as the pool's host tier does). */
 static inline CUresult host_location(CUdevice dev, CUmemLocation* where) {
