@@ -970,6 +970,7 @@ std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Bl
   }
   if (!moves.empty()) status = driver_.cuCtxSynchronize();
   std::size_t moved = 0;
+  std::vector<const Range*> touched;  // whose live blocks are in moved_blocks
   for (Move& m : moves) {
     const std::size_t size = m.from->memory.size();
     Range& holder = *m.from->holder;
@@ -998,10 +999,10 @@ std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Bl
     std::erase(m.from->ranges, &holder);
     set_free(d, *m.from);
     moved += size;
-    for (const Block& b : holder.blocks) {
-      if (b.size && std::none_of(moved_blocks->begin(), moved_blocks->end(),
-                                 [&](const Block& seen) { return seen.base == b.base; })) {
-        moved_blocks->push_back(b);
+    if (std::find(touched.begin(), touched.end(), &holder) == touched.end()) {
+      touched.push_back(&holder);
+      for (const Block& b : holder.blocks) {
+        if (b.size) moved_blocks->push_back(b);
       }
     }
   }
