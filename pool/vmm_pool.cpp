@@ -860,7 +860,7 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
 
 // ---- Moving spilled memory back (see vmm_pool.h and mover.h). ----
 
-bool VmmPool::movable(const Piece& piece) {
+bool VmmPool::live_spilled(const Piece& piece) {
   return piece.spilled && piece.holder && piece.holder != chosen && piece.holder->live &&
          piece.holder->shared.empty();
 }
@@ -888,7 +888,7 @@ std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
     std::size_t smallest = SIZE_MAX;
     CUcontext context = nullptr;
     for (const Piece& p : d.pieces) {
-      if (!movable(p) || p.memory.size() >= smallest) continue;
+      if (!live_spilled(p) || p.memory.size() >= smallest) continue;
       if (CUcontext c = context_of(*p.holder)) {
         smallest = p.memory.size();
         context = c;
@@ -918,7 +918,7 @@ std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Bl
   // (re-pinning some 70 GB each step made a spilled LM step 3x slower).
   std::vector<Piece*> spilled;
   for (Piece& p : d.pieces) {
-    if (movable(p)) spilled.push_back(&p);
+    if (live_spilled(p)) spilled.push_back(&p);
   }
   std::sort(spilled.begin(), spilled.end(),
             [](const Piece* a, const Piece* b) { return a->holder->last_use > b->holder->last_use; });

@@ -260,7 +260,7 @@ class VmmPool {
   static bool spilled(const Range& range);
   // A spilled chunk a live allocation (or slab) uses through its own range,
   // which move_back may replace; and the context of that range's allocations.
-  static bool movable(const Piece& piece);
+  static bool live_spilled(const Piece& piece);
   static CUcontext context_of(const Range& range);
   // The free device chunks of `d` no request has used since `idle_since_ns`
   // that could go back to the driver now.
