@@ -12,11 +12,6 @@ namespace gmem::pool {
 
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // How often the thread looks for memory to move once spills have stopped.
 constexpr std::chrono::milliseconds shortest_period{10};
 // A round the program's calls would not let through is tried again later and
@@ -133,12 +128,11 @@ void Mover::round(std::chrono::nanoseconds idle) {
     }
     held = synced && gate.hold();
   }
-  std::size_t moved = 0;
   std::vector<Block> blocks;
   if (held) {
     for (const VmmPool::Movable& m : devices) {
       if (driver_.cuCtxPushCurrent_v2(m.context) != CUDA_SUCCESS) continue;
-      moved += vmm_.move_back(m.device, idle_since, &blocks);
+      vmm_.move_back(m.device, idle_since, &blocks);
       CUcontext popped = nullptr;
       driver_.cuCtxPopCurrent_v2(&popped);
     }
@@ -150,7 +144,6 @@ void Mover::round(std::chrono::nanoseconds idle) {
   work_.paused_ns += paused;
   if (held) {
     ++work_.rounds;
-    work_.bytes += moved;
   } else {
     ++work_.abandoned;
   }

@@ -26,6 +26,13 @@ namespace gmem::pool {
 class VmmPool;
 struct Block;
 
+// Nanoseconds on the steady clock: when spills happen and free chunks were
+// last used (VmmPool's freed_ns), which the mover compares.
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // What pauses the program's submissions while memory moves.
 class Submissions {
  public:
@@ -44,7 +51,7 @@ class Submissions {
 class Mover {
  public:
   struct Settings {
-    std::chrono::milliseconds after{1000};  // since the last spill
+    std::chrono::milliseconds after{1000};  // the least quiet after spilled memory was served
     Submissions* submissions = nullptr;
     std::function<bool()> capturing;  // a stream capture is under way: no sync now
     // Told of the live allocations whose memory moved (placement changed).
@@ -66,7 +73,6 @@ class Mover {
   struct Work {
     uint64_t rounds = 0;     // pauses that moved memory
     uint64_t abandoned = 0;  // pauses given up (calls in flight, or a held caller out of patience)
-    uint64_t bytes = 0;      // moved back
     uint64_t paused_ns = 0;  // the gate closed, over all pauses
   };
   Work work() const;

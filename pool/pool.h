@@ -41,7 +41,7 @@ class Pool {
   // publisher, the pool's figures are published through it.
   // The VMM pool spills to peers and the host within `budgets`; with
   // `submissions` and a `move_after` above 0, what live allocations spilled
-  // moves back once nothing has spilled for `move_after` (pool/mover.h).
+  // moves back once spills stop and the device has room (pool/mover.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr)

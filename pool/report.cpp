@@ -47,7 +47,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
   if (mover) {
     const Mover::Work w = mover->work();
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
-           " moved_bytes=" + std::to_string(w.bytes) + " paused_us=" + std::to_string(w.paused_ns / 1000) + "\n";
+           " paused_us=" + std::to_string(w.paused_ns / 1000) + "\n";
   }
   return out;
 }

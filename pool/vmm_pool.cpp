@@ -28,11 +28,6 @@ class Timer {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Four size classes per doubling: a block wastes at most a fifth of itself.
 std::size_t size_class(std::size_t size) {
   if (size <= smallest_class) return smallest_class;
@@ -909,7 +904,7 @@ std::vector<CUcontext> VmmPool::contexts() const {
   return contexts_;
 }
 
-std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved_blocks) {
+void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved_blocks) {
   std::lock_guard lock(mutex_);
   quiet_ = false;
   Device& d = devices_[device];
@@ -1009,7 +1004,6 @@ std::size_t VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Bl
   d.work.moved_back_bytes += moved;
   publish(device, GMEM_STAT_moved_back_bytes, int64_t(moved));
   publish_free_figures(device);
-  return moved;
 }
 
 }  // namespace gmem::pool

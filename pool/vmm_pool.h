@@ -158,9 +158,9 @@ class VmmPool {
   // room (the most recently handed out ranges first) and maps each at the
   // address of the chunk it replaces, which stays cached, free (a spill
   // into it costs no pinning); free device chunks idle since `idle_since_ns`
-  // go back to the driver where the room is needed. The bytes moved; the live
-  // allocations whose memory moved are added to `moved`.
-  std::size_t move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved);
+  // go back to the driver where the room is needed. The live allocations
+  // whose memory moved are added to `moved`; the bytes, to the device's Work.
+  void move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved);
 
   static constexpr std::size_t small_max = 1 << 20;  // larger requests get whole ranges
   // Chunks stitched into one range: at most this many while the pool may grow
