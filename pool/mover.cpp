@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "pool/vmm_pool.h"
 
 namespace gmem::pool {
 

@@ -19,19 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "pool/clock.h"
+#include "pool/vmm_pool.h"
 #include "vmm/driver.h"
 
 namespace gmem::pool {
-
-class VmmPool;
-struct Block;
-
-// Nanoseconds on the steady clock: when spills happen and free chunks were
-// last used (VmmPool's freed_ns), which the mover compares.
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // What pauses the program's submissions while memory moves.
 class Submissions {
@@ -48,7 +40,7 @@ class Submissions {
   ~Submissions() = default;
 };
 
-class Mover {
+class Mover final : public SpillObserver {
  public:
   struct Settings {
     std::chrono::milliseconds after{1000};  // the least quiet after spilled memory was served
@@ -64,7 +56,7 @@ class Mover {
 
   // An allocation was just served with spilled memory (called under the
   // pool's lock): starts the thread the first time.
-  void spilled();
+  void spilled() override;
   void stop();
   // In a forked child the thread did not come along: the object is never
   // touched again.

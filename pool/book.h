@@ -1,0 +1,74 @@
+// The figures of the VMM pool on each device, kept where every part of the
+// pool writes its share (pieces: reserved memory and chunks; ranges: mappings;
+// slabs and VmmPool: memory in use and cached) and published as they change.
+// Like the rest of the pool, used under VmmPool's lock.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "pool/publisher.h"
+
+namespace gmem::pool {
+
+// What the pool holds on a device (physical memory) and what of it is in use,
+// with their highest values since the last reset.
+struct Figures {
+  std::size_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+};
+
+// The work the pool did on a device since it started, and what it asked of
+// the driver for it (the report at exit prints it).
+struct Work {
+  uint64_t hits = 0;    // requests served from cached memory as it was
+  uint64_t misses = 0;  // requests that needed a range made
+  uint64_t chunks_made = 0, chunks_released = 0, maps = 0, unmaps = 0;
+  uint64_t driver_ns = 0;         // time in the driver's VMM calls
+  uint64_t moved_back_bytes = 0;  // live allocations' spilled bytes moved back to the device
+};
+
+struct Book {
+  Figures figures;
+  Work work;
+  std::size_t cached_bytes = 0;  // held, used by no allocation: free chunks and free slab blocks
+  std::size_t peak_used = 0;     // the most ever in use (figures.used_high may be reset)
+  std::size_t granularity = 0;   // of the device's physical memory
+  std::size_t total = 0;         // the device's memory
+  // The device refused memory: spilled memory the pool holds may serve until
+  // the pool gives some of the device's own back, or the device has room again.
+  bool full = false;
+  int64_t full_checked_ns = 0;
+
+  void add_used(std::size_t bytes) {
+    figures.used += bytes;
+    figures.used_high = std::max(figures.used_high, figures.used);
+    peak_used = std::max(peak_used, figures.used);
+  }
+};
+
+class Books {
+ public:
+  explicit Books(Publisher* publisher) : publisher_(publisher) {}
+  Book& operator[](int device) { return books_[device]; }
+  const Book* find(int device) const {
+    auto it = books_.find(device);
+    return it == books_.end() ? nullptr : &it->second;
+  }
+  std::map<int, Book>& all() { return books_; }
+  const std::map<int, Book>& all() const { return books_; }
+  void publish(int device, gmem_device_stat stat, int64_t delta) const {
+    if (publisher_) publisher_->add(device, stat, delta);
+  }
+  void set(int device, gmem_device_stat stat, uint64_t value) const {
+    if (publisher_) publisher_->set(device, stat, value);
+  }
+  bool publishing() const { return publisher_ != nullptr; }
+
+ private:
+  Publisher* const publisher_;
+  std::map<int, Book> books_;
+};
+
+}  // namespace gmem::pool

@@ -1,0 +1,77 @@
+#include "pool/pieces.h"
+
+#include "pool/clock.h"
+
+namespace gmem::pool {
+
+CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
+  Book& book = books_[device];
+  vmm::Chunk memory;
+  {
+    Timer timer(book.work.driver_ns);
+    // Past its budget the device may not grow; a spill is made by the tiers
+    // (the device's last room, a peer, the host).
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    if (spill) {
+      status = tiers_->make(device, book.figures.reserved, size, &memory);
+    } else if (!tiers_ || tiers_->device_may_hold(device, book.figures.reserved, size)) {
+      status = vmm::Chunk::create(driver_, device, size, &memory);
+    }
+    if (status != CUDA_SUCCESS) return status;
+  }
+  size = memory.size();  // a spilled chunk may be smaller than asked
+  ++book.work.chunks_made;
+  book.figures.reserved += size;
+  book.figures.reserved_high = std::max(book.figures.reserved_high, book.figures.reserved);
+  books_.publish(device, GMEM_STAT_reserved_bytes, int64_t(size));
+  books_.publish(device, GMEM_STAT_chunks, 1);
+  auto& pieces = devices_[device].pieces;
+  Piece& piece = pieces.emplace_front();
+  piece.memory = std::move(memory);
+  piece.device = device;
+  piece.self = pieces.begin();
+  piece.id = ++made_;
+  piece.spilled = !(piece.memory.location() == vmm::Location::device(device));
+  piece.holder = chosen;
+  *out = &piece;
+  return CUDA_SUCCESS;
+}
+
+void Pieces::choose(Piece& piece) {
+  devices_[piece.device].free.erase(piece.free_entry);
+  books_[piece.device].cached_bytes -= piece.memory.size();
+  piece.holder = chosen;
+}
+
+void Pieces::hold(Piece& piece, Range* holder) {
+  if (!piece.holder) choose(piece);
+  order_.settle(piece.pending);
+  piece.holder = holder;
+}
+
+void Pieces::set_free(Piece& piece) {
+  piece.holder = nullptr;
+  piece.freed_ns = now_ns();
+  piece.free_entry = devices_[piece.device].free.emplace(std::pair{piece.memory.size(), piece.id}, &piece).first;
+  books_[piece.device].cached_bytes += piece.memory.size();
+}
+
+void Pieces::release(Piece& piece) {
+  const int device = piece.device;
+  Book& book = books_[device];
+  if (!piece.holder) choose(piece);
+  order_.settle(piece.pending);
+  book.figures.reserved -= piece.memory.size();
+  books_.publish(device, GMEM_STAT_reserved_bytes, -int64_t(piece.memory.size()));
+  books_.publish(device, GMEM_STAT_chunks, -1);
+  ++book.work.chunks_released;
+  Timer timer(book.work.driver_ns);
+  devices_[device].pieces.erase(piece.self);  // the chunk goes back to the driver here
+}
+
+std::size_t Pieces::largest_free(int device) const {
+  auto it = devices_.find(device);
+  return it == devices_.end() || it->second.free.empty() ? 0 : it->second.free.rbegin()->first.first;
+}
+
+}  // namespace gmem::pool

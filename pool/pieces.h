@@ -1,0 +1,87 @@
+// The pool's physical chunks ("pieces") per device, wherever they live: the
+// device's own memory, or a peer's or the host's made by the tiers. Each is
+// held by one range or free; free ones are cached by size, then age, so that
+// which one serves depends on what there is, not on the order of the frees.
+// Pieces know which range holds them and where they are mapped (ranges.h
+// keeps that list), but never look inside a range. Used under VmmPool's lock.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "pool/book.h"
+#include "pool/stream_order.h"
+#include "pool/tiers.h"
+#include "vmm/memory.h"
+
+namespace gmem::pool {
+
+struct Range;
+struct Piece;
+using FreePieces = std::map<std::pair<std::size_t, uint64_t>, Piece*>;  // by size, then id
+
+struct Piece {
+  vmm::Chunk memory;
+  int device = -1;             // whose allocations it serves
+  Range* holder = nullptr;     // null while free
+  Pending pending;             // while free: when it may serve again
+  std::vector<Range*> ranges;  // the ranges it is mapped in (kept by Ranges)
+  uint64_t id = 0;             // chunks made before it have lower ones
+  bool spilled = false;        // made by the tiers somewhere other than the device
+  int64_t freed_ns = 0;        // when it last became free (steady clock)
+  FreePieces::iterator free_entry;  // while free
+  std::list<Piece>::iterator self;
+};
+
+class Pieces {
+ public:
+  // The holder of a chunk chosen for a range not mapped yet.
+  static inline Range* const chosen = reinterpret_cast<Range*>(alignof(std::max_align_t));
+
+  Pieces(const vmm::Driver& driver, Books& books, StreamOrder& order, Tiers* tiers)
+      : driver_(driver), books_(books), order_(order), tiers_(tiers) {}
+
+  // A new chunk of `size` bytes for `device`, chosen; with `spill`, one the
+  // tiers make (the device's last room, a peer's or the host's, at most
+  // `size` bytes); without, only within the device's budget.
+  CUresult make(int device, std::size_t size, bool spill, Piece** out);
+  // Held by `holder` from now on (its pending free settled).
+  void hold(Piece& piece, Range* holder);
+  // Out of the free ones, chosen for a range; its pending free stays until held.
+  void choose(Piece& piece);
+  void set_free(Piece& piece);
+  // Back to the driver; it must be mapped in no range.
+  void release(Piece& piece);
+
+  FreePieces& free(int device) { return devices_[device].free; }
+  std::list<Piece>& all(int device) { return devices_[device].pieces; }
+  // The largest free chunk of `device`; 0 if none.
+  std::size_t largest_free(int device) const;
+  template <typename Visit>
+  void for_each_free_pending(Visit&& visit) {
+    for (auto& [device, d] : devices_) {
+      for (auto& [key, piece] : d.free) visit(piece->pending);
+    }
+  }
+
+ private:
+  struct Device {
+    std::list<Piece> pieces;
+    FreePieces free;
+  };
+
+  const vmm::Driver& driver_;
+  Books& books_;
+  StreamOrder& order_;
+  Tiers* const tiers_;
+  std::map<int, Device> devices_;
+  uint64_t made_ = 0;
+};
+
+}  // namespace gmem::pool

@@ -1,0 +1,134 @@
+#include "pool/ranges.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "pool/clock.h"
+
+namespace gmem::pool {
+
+bool Range::spilled() const {
+  return std::any_of(pieces.begin(), pieces.end(), [](const Piece* p) { return p->spilled; });
+}
+
+CUcontext Range::context() const {
+  for (const Block& b : blocks) {
+    if (b.size && b.context) return b.context;
+  }
+  return nullptr;
+}
+
+std::size_t Range::block_index(CUdeviceptr ptr) const {
+  return (ptr - va.base()) / (class_size ? class_size : va.size());
+}
+
+bool Range::starts_live_block(std::size_t index, CUdeviceptr ptr) const {
+  return blocks[index].base == ptr && blocks[index].size != 0;
+}
+
+const Range* Ranges::find(CUdeviceptr ptr) const {
+  auto it = ranges_.upper_bound(ptr);
+  if (it == ranges_.begin()) return nullptr;
+  --it;
+  return ptr < it->first + it->second->va.size() ? it->second.get() : nullptr;
+}
+
+Range* Ranges::find(CUdeviceptr ptr) { return const_cast<Range*>(std::as_const(*this).find(ptr)); }
+
+Range* Ranges::at(CUdeviceptr base) const {
+  auto it = ranges_.find(base);
+  return it == ranges_.end() ? nullptr : it->second.get();
+}
+
+CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
+  auto range = std::make_unique<Range>();
+  range->device = device;
+  range->id = ++made_;
+  std::size_t total = 0;
+  for (Piece* p : pieces) total += p->memory.size();
+  Work& work = books_[device].work;
+  CUresult status;
+  std::size_t offset = 0;
+  {
+    Timer timer(work.driver_ns);
+    status = vmm::Reservation::reserve(driver_, total, &range->va);
+    for (std::size_t i = 0; status == CUDA_SUCCESS && i < pieces.size(); offset += pieces[i++]->memory.size()) {
+      status = range->va.map(offset, pieces[i]->memory, device);
+    }
+    if (status != CUDA_SUCCESS) {
+      if (offset) range->va.unmap(0, offset);
+      return status;
+    }
+  }
+  work.maps += pieces.size();
+  for (Piece* p : pieces) {
+    if (p->ranges.size() >= max_ranges_per_piece) {
+      // The least recently used of the ranges it is in that no kernel may
+      // still use goes.
+      Range* lru = nullptr;
+      for (Range* r : p->ranges) {
+        if (order_.complete(r->last_free, false) && (!lru || r->last_use < lru->last_use)) lru = r;
+      }
+      if (lru) unmap(*lru);
+    }
+    p->ranges.push_back(range.get());
+    pieces_.hold(*p, range.get());
+  }
+  books_.publish(device, GMEM_STAT_mappings, int64_t(pieces.size()));
+  if (pieces.size() > 1) books_.publish(device, GMEM_STAT_stitched_ranges, 1);
+  range->pieces = std::move(pieces);
+  *out = range.get();
+  ranges_.emplace(range->va.base(), std::move(range));
+  return CUDA_SUCCESS;
+}
+
+void Ranges::unmap(Range& range) {
+  Work& work = books_[range.device].work;
+  Timer timer(work.driver_ns);
+  work.unmaps += range.pieces.size();
+  range.va.unmap(0, range.va.size());
+  books_.publish(range.device, GMEM_STAT_mappings, -int64_t(range.pieces.size()));
+  if (range.pieces.size() > 1) books_.publish(range.device, GMEM_STAT_stitched_ranges, -1);
+  for (Piece* p : range.pieces) std::erase(p->ranges, &range);
+  order_.settle(range.last_free);
+  if (!range.class_size && !range.live) cached_[range.device].erase(range.cached_entry);
+  ranges_.erase(range.va.base());  // frees the address range (and `range`)
+}
+
+void Ranges::cache(Range& range) { range.cached_entry = cached_[range.device].emplace(range.va.size(), &range); }
+
+bool Ranges::ready(const Range& range, StreamId stream) {
+  return std::all_of(range.pieces.begin(), range.pieces.end(),
+                     [&](Piece* p) { return !p->holder && order_.ready(p->pending, stream); });
+}
+
+Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, bool spilled_too) {
+  CachedRanges& cached = cached_[device];
+  auto best = cached.end();
+  for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most; ++it) {
+    if (best != cached.end() && it->first != best->first) break;
+    if ((best == cached.end() || it->second->id < best->second->id) && (spilled_too || !it->second->spilled()) &&
+        ready(*it->second, stream)) {
+      best = it;
+    }
+  }
+  if (best == cached.end()) return nullptr;
+  Range* range = best->second;
+  cached.erase(best);
+  order_.settle(range->last_free);
+  for (Piece* p : range->pieces) pieces_.hold(*p, range);
+  return range;
+}
+
+bool Ranges::droppable(Piece& piece, bool wait) {
+  return order_.complete(piece.pending, wait) &&
+         std::all_of(piece.ranges.begin(), piece.ranges.end(),
+                     [&](Range* r) { return order_.complete(r->last_free, wait); });
+}
+
+void Ranges::drop(Piece& piece) {
+  while (!piece.ranges.empty()) unmap(*piece.ranges.back());
+  pieces_.release(piece);
+}
+
+}  // namespace gmem::pool

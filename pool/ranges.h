@@ -1,0 +1,110 @@
+// Virtual ranges of the pool and the chunks mapped in them. A chunk may be
+// mapped in several ranges at once, as GMLake does: a range serves only while
+// none of its chunks is in use through another. Free whole ranges stay mapped
+// and cached by size, so that a request that repeats finds its range again;
+// of the smallest that fits, the oldest serves. Used under VmmPool's lock.
+#pragma once
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "pool/pieces.h"
+
+namespace gmem::pool {
+
+// A live allocation as the program sees it.
+struct Block {
+  CUdeviceptr base = 0;
+  std::size_t size = 0;  // as requested
+  int device = -1;
+  CUcontext context = nullptr;
+  std::size_t physical = 0;  // bytes of physical memory set aside for it
+  uint16_t chunks = 0;       // chunks mapped for it alone; 0: part of a shared slab
+};
+
+using CachedRanges = std::multimap<std::size_t, Range*>;  // free whole ranges, by size
+
+struct Range {
+  vmm::Reservation va;
+  std::vector<Piece*> pieces;
+  int device = -1;
+  std::size_t class_size = 0;  // slabs: the block size; 0 for a whole-range allocation
+  std::vector<Block> blocks;   // one per class_size block, or one; size 0 when free
+  std::size_t live = 0;        // blocks in use
+  uint64_t id = 0;             // ranges made before it have lower ones
+  uint64_t last_use = 0;       // whole ranges: when last handed out
+  // Dedup: the chunks of a copy shared with other processes, mapped
+  // read-only instead of `pieces` (which stay held if they are the same memory).
+  std::vector<vmm::Chunk> shared;
+  // Whole ranges, while free: the free that kernels may use its addresses
+  // before (its chunks may serve others sooner, on the same stream).
+  Pending last_free;
+  CachedRanges::iterator cached_entry;  // whole ranges, while free
+
+  bool spilled() const;
+  // The context of its live allocations; null if none.
+  CUcontext context() const;
+  // The block that holds `ptr`, and whether a live allocation starts at `ptr`.
+  std::size_t block_index(CUdeviceptr ptr) const;
+  bool starts_live_block(std::size_t index, CUdeviceptr ptr) const;
+};
+
+class Ranges {
+ public:
+  Ranges(const vmm::Driver& driver, Books& books, StreamOrder& order, Pieces& pieces)
+      : driver_(driver), books_(books), order_(order), pieces_(pieces) {}
+
+  // A new range on `device` over `pieces` in order; they are held by it.
+  CUresult map(std::vector<Piece*> pieces, int device, Range** out);
+  // Unmaps a free range (a cached one leaves the cache); its chunks stay.
+  void unmap(Range& range);
+  // The range holding `ptr`; null if none.
+  Range* find(CUdeviceptr ptr);
+  const Range* find(CUdeviceptr ptr) const;
+  // The range starting at `base`; null if none.
+  Range* at(CUdeviceptr base) const;
+
+  // A free whole range joins the cache.
+  void cache(Range& range);
+  // Of the cached ranges of `device` from `rounded` to `most` bytes whose
+  // chunks are all free and reusable on `stream` (with spilled chunks only
+  // if `spilled_too`), the oldest of the smallest size, taken out of the
+  // cache with its chunks held; null if none.
+  Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, bool spilled_too);
+  bool ready(const Range& range, StreamId stream);
+
+  // Whether `piece` and every range it is mapped in may go; with `wait`, the
+  // frees that keep them are waited for.
+  bool droppable(Piece& piece, bool wait);
+  // Back to the driver, with every range it is mapped in (all droppable).
+  void drop(Piece& piece);
+
+  template <typename Visit>
+  void for_each(Visit&& visit) {
+    for (auto& [base, range] : ranges_) visit(*range);
+  }
+  template <typename Visit>
+  void for_each_cached_pending(Visit&& visit) {
+    for (auto& [device, cached] : cached_) {
+      for (auto& [size, range] : cached) visit(range->last_free);
+    }
+  }
+
+ private:
+  // Ranges one chunk may be mapped in at once; beyond, the least recently
+  // used free one is unmapped.
+  static constexpr std::size_t max_ranges_per_piece = 32;
+
+  const vmm::Driver& driver_;
+  Books& books_;
+  StreamOrder& order_;
+  Pieces& pieces_;
+  std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
+  std::map<int, CachedRanges> cached_;
+  uint64_t made_ = 0;
+};
+
+}  // namespace gmem::pool

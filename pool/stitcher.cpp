@@ -1,0 +1,140 @@
+#include "pool/stitcher.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "pool/clock.h"
+
+namespace gmem::pool {
+
+bool Stitcher::may_grow(const Book& book, std::size_t size) const {
+  return book.figures.reserved + size <= book.peak_used + std::size_t(double(book.peak_used) * headroom_);
+}
+
+bool Stitcher::device_full(int device, std::size_t size) {
+  Book& book = books_[device];
+  if (!book.full || !tiers_) return book.full;
+  const int64_t now = now_ns();
+  if (now - book.full_checked_ns < full_recheck_ns) return true;
+  book.full_checked_ns = now;
+  book.full = tiers_->device_free(device, book.figures.reserved) < size;
+  return book.full;
+}
+
+void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
+                         bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered) {
+  FreePieces& free = pieces_.free(device);
+  // What a stitched range may hold beyond its request: a 32nd of it.
+  const std::size_t slack = size / 32;
+  auto first = [](auto from, auto to, auto&& usable) -> Piece* {
+    for (auto it = from; it != to; ++it) {
+      if (usable(*it->second)) return it->second;
+    }
+    return nullptr;
+  };
+  auto of_kind = [&](const Piece& p) { return spilled_too || !p.spilled; };
+  auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream); };
+  while (*covered < size) {
+    const std::size_t need = size - *covered;
+    auto fits = free.lower_bound({need, 0});
+    auto too_big = free.upper_bound({need + slack, UINT64_MAX});
+    // The smallest chunk that covers the rest within the slack; else, while
+    // the range may take more parts, the largest smaller one; else the
+    // smallest larger one, made again at the size needed (unless the pool may
+    // grow: new memory then serves the rest and no cached range is lost).
+    Piece* piece = first(fits, too_big, reusable);
+    if (!piece && parts->size() + 1 < most_parts) piece = first(std::make_reverse_iterator(fits), free.rend(), reusable);
+    const bool split = !piece && !may_grow;
+    // Made again only once nothing may use it or the ranges it is mapped in:
+    // rather than grow beyond the headroom, the pool waits for that.
+    auto splittable = [&](Piece& p, bool wait) { return of_kind(p) && ranges_.droppable(p, wait); };
+    if (split) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, false); });
+    if (split && !piece) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, true); });
+    if (!piece) break;
+    const std::size_t bytes = piece->memory.size();
+    pieces_.choose(*piece);
+    if (split) {
+      // Made again where it was: a spilled chunk by the tiers (the device first).
+      const bool spill = piece->spilled;
+      ranges_.drop(*piece);
+      Piece *part = nullptr, *rest = nullptr;
+      if (pieces_.make(device, need, spill, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (pieces_.make(device, bytes - part->memory.size(), spill, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
+      piece = part;
+    }
+    *covered += piece->memory.size();
+    parts->push_back(piece);
+  }
+}
+
+CUresult Stitcher::add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered) {
+  Piece* fresh = nullptr;
+  CUresult status = pieces_.make(device, size - *covered, false, &fresh);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+    // The device is full: every free the pool waits on completes, and all it
+    // holds may serve, its own memory first.
+    books_[device].full = true;
+    books_.publish(device, GMEM_STAT_oom_releases, 1);
+    reclaim_(device);
+    take_free(device, size, 0, false, SIZE_MAX, false, parts, covered);
+    status = *covered < size ? pieces_.make(device, size - *covered, false, &fresh) : CUDA_SUCCESS;
+    if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+      take_free(device, size, 0, false, SIZE_MAX, true, parts, covered);
+      status = *covered < size ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    }
+  }
+  // What the device cannot hold, peers and then the host may, a chunk per tier.
+  while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ && pieces_.make(device, size - *covered, true, &fresh) == 0) {
+    *covered += fresh->memory.size();
+    parts->push_back(fresh);
+    fresh = nullptr;
+    if (*covered >= size) status = CUDA_SUCCESS;
+  }
+  if (status == CUDA_SUCCESS && fresh) parts->push_back(fresh);
+  return status;
+}
+
+CUresult Stitcher::merge(int device, std::vector<Piece*>* parts) {
+  std::sort(parts->begin(), parts->end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
+  std::vector<Piece*> merged;
+  for (auto it = parts->begin(); it != parts->end() && parts->size() + !merged.empty() > most_parts;) {
+    if (!(*it)->spilled && ranges_.droppable(**it, false)) {
+      merged.push_back(*it);
+      it = parts->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (merged.size() == 1) parts->push_back(merged[0]);
+  if (merged.size() <= 1) return CUDA_SUCCESS;
+  std::size_t bytes = 0;
+  for (Piece* p : merged) bytes += p->memory.size();
+  for (Piece* p : merged) ranges_.drop(*p);
+  Piece* whole = nullptr;
+  if (CUresult made = pieces_.make(device, bytes, false, &whole)) return made;
+  parts->push_back(whole);
+  return CUDA_SUCCESS;
+}
+
+CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, Range** out) {
+  const bool grow = may_grow(books_[device], size);
+  std::vector<Piece*> parts;
+  std::size_t covered = 0;
+  // While the pool may grow, new memory rather than more mappings; beyond,
+  // as many free chunks as it takes.
+  take_free(device, size, stream, grow, grow ? max_parts : most_parts, false, &parts, &covered);
+  // A full device has no new memory to give: spilled chunks the pool holds first.
+  if (covered < size && device_full(device, size - covered)) {
+    take_free(device, size, stream, false, grow ? max_parts : most_parts, true, &parts, &covered);
+  }
+  CUresult status = covered < size ? add_new(device, size, &parts, &covered) : CUDA_SUCCESS;
+  if (status == CUDA_SUCCESS && parts.size() > most_parts) status = merge(device, &parts);
+  if (status == CUDA_SUCCESS && parts.size() > 1) books_.publish(device, GMEM_STAT_stitches, 1);
+  if (status == CUDA_SUCCESS) status = ranges_.map(parts, device, out);
+  if (status != CUDA_SUCCESS) {
+    for (Piece* p : parts) pieces_.set_free(*p);
+  }
+  return status;
+}
+
+}  // namespace gmem::pool

@@ -1,0 +1,71 @@
+// Builds a new range for a request no cached range fits: free chunks
+// reusable on its stream first (the device's own, then, while the device is
+// full, spilled ones), then new memory for the rest: the device's, else a
+// peer's and the host's through the tiers. While the pool holds no more than
+// its peak use and the headroom it makes new memory rather than take cached
+// memory apart; beyond, it stitches as many free chunks as it takes and makes
+// a chunk far too big again at the size needed. Used under VmmPool's lock.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "pool/ranges.h"
+
+namespace gmem::pool {
+
+class Stitcher {
+ public:
+  // Chunks stitched into one range: at most this many while the pool may grow
+  // instead, at most `most_parts` when it may not.
+  static constexpr std::size_t max_parts = 8;
+  static constexpr std::size_t most_parts = 64;
+
+  // `headroom`: how much more than its peak use, as a fraction of it, the pool
+  // may hold rather than make a chunk far too big for a request again.
+  // `reclaim(device)`: once the device refuses memory, makes every free the
+  // pool waits on complete and every empty slab a cached range.
+  Stitcher(Books& books, StreamOrder& order, Pieces& pieces, Ranges& ranges, Tiers* tiers, double headroom,
+           std::function<void(int)> reclaim)
+      : books_(books),
+        order_(order),
+        pieces_(pieces),
+        ranges_(ranges),
+        tiers_(tiers),
+        headroom_(headroom),
+        reclaim_(std::move(reclaim)) {}
+
+  // A new range of at least `size` bytes on `device`, stitched from free
+  // chunks reusable on `stream` and new memory; its chunks are held.
+  CUresult stitch(std::size_t size, int device, StreamId stream, Range** out);
+  // Whether the pool may take `size` more bytes of new memory rather than
+  // take cached memory apart: it holds at most its peak use and the headroom.
+  bool may_grow(const Book& book, std::size_t size) const;
+  // Whether `device` is full, asking the tiers again if it was last asked long ago.
+  bool device_full(int device, std::size_t size);
+
+ private:
+  static constexpr int64_t full_recheck_ns = 10'000'000;
+
+  // Moves free chunks reusable on `stream` into `parts` (at most `most_parts`)
+  // until they cover `size` or none serves; a chunk far too big is made again
+  // at the size needed unless `may_grow` (new memory may then serve instead).
+  // Spilled chunks only with `spilled_too`.
+  void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
+                 bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered);
+  // New memory for what the free chunks did not cover, down to the host.
+  CUresult add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered);
+  // Too many mappings for one range: the smallest parts on the device that
+  // nothing may use any more are made again as one chunk.
+  CUresult merge(int device, std::vector<Piece*>* parts);
+
+  Books& books_;
+  StreamOrder& order_;
+  Pieces& pieces_;
+  Ranges& ranges_;
+  Tiers* const tiers_;
+  const double headroom_;
+  const std::function<void(int)> reclaim_;
+};
+
+}  // namespace gmem::pool
