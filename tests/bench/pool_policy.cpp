@@ -20,106 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "accounting_driver.h"
 #include "pool/vmm_pool.h"
 #include "trace.h"
 
 namespace {
 
-constexpr std::size_t granularity = 2 << 20;
-
-// The accounts of the driver the pool sees.
-struct Accounts {
-  std::size_t total = std::size_t{80} << 30;
-  std::size_t used = 0;
-  std::map<CUmemGenericAllocationHandle, std::size_t> chunks;
-  CUmemGenericAllocationHandle next_handle = 1;
-  CUdeviceptr next_address = CUdeviceptr{1} << 40;
-  uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
-} accounts;
-
-CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp*,
-                unsigned long long) {
-  if (size == 0 || size % granularity) return CUDA_ERROR_INVALID_VALUE;
-  if (accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
-  accounts.used += size;
-  ++accounts.creates;
-  *handle = accounts.next_handle++;
-  accounts.chunks[*handle] = size;
-  return CUDA_SUCCESS;
-}
-CUresult release(CUmemGenericAllocationHandle handle) {
-  auto it = accounts.chunks.find(handle);
-  if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
-  accounts.used -= it->second;
-  accounts.chunks.erase(it);
-  ++accounts.releases;
-  return CUDA_SUCCESS;
-}
-CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
-  *ptr = accounts.next_address;
-  accounts.next_address += (size + granularity - 1) / granularity * granularity + granularity;
-  return CUDA_SUCCESS;
-}
-CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) {
-  ++accounts.maps;
-  return CUDA_SUCCESS;
-}
-CUresult unmap(CUdeviceptr, std::size_t) {
-  ++accounts.unmaps;
-  return CUDA_SUCCESS;
-}
-CUresult set_access(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) { return CUDA_SUCCESS; }
-CUresult get_granularity(std::size_t* out, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
-  *out = granularity;
-  return CUDA_SUCCESS;
-}
-CUresult total_mem(std::size_t* out, CUdevice) { return *out = accounts.total, CUDA_SUCCESS; }
-CUresult get_info(std::size_t* free, std::size_t* total) {
-  if (free) *free = accounts.total - accounts.used;
-  if (total) *total = accounts.total;
-  return CUDA_SUCCESS;
-}
-// The GPU runs `lag` calls behind the program: an event completes once that
-// many more allocations and frees have been made after it was recorded (0:
-// at once), and a synchronization completes every one.
-uint64_t lag = 0, now = 0;
-std::vector<uint64_t> recorded;  // by event: the call it was recorded at
-CUresult event_create(CUevent* event, unsigned) {
-  recorded.push_back(0);
-  *event = reinterpret_cast<CUevent>(recorded.size());
-  return CUDA_SUCCESS;
-}
-uint64_t& recorded_at(CUevent e) { return recorded[reinterpret_cast<std::size_t>(e) - 1]; }
-CUresult event_record(CUevent e, CUstream) { return recorded_at(e) = now, CUDA_SUCCESS; }
-CUresult event_query(CUevent e) { return now >= recorded_at(e) + lag ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-CUresult event_synchronize(CUevent e) { return recorded_at(e) = 0, CUDA_SUCCESS; }
-CUresult synchronize() {
-  for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
-  return CUDA_SUCCESS;
-}
-CUresult get_current(CUcontext* c) { return *c = reinterpret_cast<CUcontext>(0xc0), CUDA_SUCCESS; }
-
-gmem::vmm::Driver accounting_driver() {
-  gmem::vmm::Driver d;
-  d.cuMemCreate = create;
-  d.cuMemRelease = release;
-  d.cuMemAddressReserve = reserve;
-  d.cuMemAddressFree = address_free;
-  d.cuMemMap = map;
-  d.cuMemUnmap = unmap;
-  d.cuMemSetAccess = set_access;
-  d.cuMemGetAllocationGranularity = get_granularity;
-  d.cuDeviceTotalMem_v2 = total_mem;
-  d.cuMemGetInfo_v2 = get_info;
-  d.cuEventCreate = event_create;
-  d.cuEventRecord = event_record;
-  d.cuEventQuery = event_query;
-  d.cuEventSynchronize = event_synchronize;
-  d.cuCtxSynchronize = synchronize;
-  d.cuCtxGetCurrent = get_current;
-  return d;
-}
+using gmem::accounting::accounts;
+using gmem::accounting::lag;
+using gmem::accounting::now;
 
 double max_ratio = 0, max_steady_maps = -1;
 std::size_t passes = 1;
@@ -131,11 +40,8 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s\n", error.c_str());
     return 1;
   }
-  const std::size_t total = accounts.total;
-  accounts = Accounts();
-  accounts.total = total;
-  recorded.clear();
-  const gmem::vmm::Driver driver = accounting_driver();
+  gmem::accounting::reset(accounts.total);
+  const gmem::vmm::Driver driver = gmem::accounting::driver();
   gmem::pool::VmmPool pool(driver, nullptr);
   std::vector<CUdeviceptr> live(trace->ids, 0);
   // The steady state, what every later step costs: the last pass when the
@@ -143,7 +49,7 @@ int replay(const std::string& path) {
   // exactly), else the trace's second half (its steps vary).
   const std::size_t events = trace->events.size();
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
-  Accounts at_steady;
+  gmem::accounting::Accounts at_steady;
   std::size_t allocs = 0, steady_allocs = 0;
   for (std::size_t i = 0; i < passes * events; ++i) {
     const gmem::trace::Event& e = trace->events[i % events];
@@ -210,9 +116,8 @@ int replay(const std::string& path) {
 // The pool's own CPU cost of a cache hit: cuMemAllocAsync + cuMemFreeAsync
 // pairs on one stream, the driver doing nothing (its calls are a few ns).
 void own_cost() {
-  accounts = Accounts();
-  recorded.clear();
-  const gmem::vmm::Driver driver = accounting_driver();
+  gmem::accounting::reset();
+  const gmem::vmm::Driver driver = gmem::accounting::driver();
   gmem::pool::VmmPool pool(driver, nullptr);
   for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{1} << 30}) {
     constexpr int pairs = 1000000;

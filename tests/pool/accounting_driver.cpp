@@ -1,0 +1,105 @@
+#include "accounting_driver.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace gmem::accounting {
+
+Accounts accounts;
+uint64_t lag = 0, now = 0;
+
+namespace {
+
+std::vector<uint64_t> recorded;  // by event: the call it was recorded at
+
+CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp*,
+                unsigned long long) {
+  if (size == 0 || size % granularity) return CUDA_ERROR_INVALID_VALUE;
+  if (accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
+  accounts.used += size;
+  ++accounts.creates;
+  *handle = accounts.next_handle++;
+  accounts.chunks[*handle] = size;
+  return CUDA_SUCCESS;
+}
+CUresult release(CUmemGenericAllocationHandle handle) {
+  auto it = accounts.chunks.find(handle);
+  if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
+  accounts.used -= it->second;
+  accounts.chunks.erase(it);
+  ++accounts.releases;
+  return CUDA_SUCCESS;
+}
+CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
+  *ptr = accounts.next_address;
+  accounts.next_address += (size + granularity - 1) / granularity * granularity + granularity;
+  return CUDA_SUCCESS;
+}
+CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
+CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) {
+  ++accounts.maps;
+  return CUDA_SUCCESS;
+}
+CUresult unmap(CUdeviceptr, std::size_t) {
+  ++accounts.unmaps;
+  return CUDA_SUCCESS;
+}
+CUresult set_access(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) { return CUDA_SUCCESS; }
+CUresult get_granularity(std::size_t* out, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
+  *out = granularity;
+  return CUDA_SUCCESS;
+}
+CUresult total_mem(std::size_t* out, CUdevice) { return *out = accounts.total, CUDA_SUCCESS; }
+CUresult get_info(std::size_t* free, std::size_t* total) {
+  if (free) *free = accounts.total - accounts.used;
+  if (total) *total = accounts.total;
+  return CUDA_SUCCESS;
+}
+CUresult event_create(CUevent* event, unsigned) {
+  recorded.push_back(0);
+  ++accounts.events;
+  *event = reinterpret_cast<CUevent>(recorded.size());
+  return CUDA_SUCCESS;
+}
+uint64_t& recorded_at(CUevent e) { return recorded[reinterpret_cast<std::size_t>(e) - 1]; }
+CUresult event_record(CUevent e, CUstream) { return recorded_at(e) = now, CUDA_SUCCESS; }
+CUresult event_query(CUevent e) { return now >= recorded_at(e) + lag ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+CUresult event_synchronize(CUevent e) { return recorded_at(e) = 0, CUDA_SUCCESS; }
+CUresult synchronize() {
+  ++accounts.syncs;
+  for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
+  return CUDA_SUCCESS;
+}
+CUresult get_current(CUcontext* c) { return *c = reinterpret_cast<CUcontext>(0xc0), CUDA_SUCCESS; }
+
+}  // namespace
+
+void reset(std::size_t total) {
+  accounts = Accounts();
+  accounts.total = total;
+  recorded.clear();
+  now = 0;
+}
+
+vmm::Driver driver() {
+  vmm::Driver d;
+  d.cuMemCreate = create;
+  d.cuMemRelease = release;
+  d.cuMemAddressReserve = reserve;
+  d.cuMemAddressFree = address_free;
+  d.cuMemMap = map;
+  d.cuMemUnmap = unmap;
+  d.cuMemSetAccess = set_access;
+  d.cuMemGetAllocationGranularity = get_granularity;
+  d.cuDeviceTotalMem_v2 = total_mem;
+  d.cuMemGetInfo_v2 = get_info;
+  d.cuEventCreate = event_create;
+  d.cuEventRecord = event_record;
+  d.cuEventQuery = event_query;
+  d.cuEventSynchronize = event_synchronize;
+  d.cuCtxSynchronize = synchronize;
+  d.cuCtxGetCurrent = get_current;
+  return d;
+}
+
+}  // namespace gmem::accounting

@@ -1,0 +1,34 @@
+// A driver that only keeps accounts (no memory behind it), for the pool's
+// policy replays and the unit tests of its parts: chunks made and released,
+// mappings, and events that complete `lag` calls after they were recorded,
+// as on a GPU that runs behind the program. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "vmm/driver.h"
+
+namespace gmem::accounting {
+
+constexpr std::size_t granularity = 2 << 20;
+
+struct Accounts {
+  std::size_t total = std::size_t{80} << 30;
+  std::size_t used = 0;
+  std::map<CUmemGenericAllocationHandle, std::size_t> chunks;
+  CUmemGenericAllocationHandle next_handle = 1;
+  CUdeviceptr next_address = CUdeviceptr{1} << 40;
+  uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
+};
+extern Accounts accounts;
+// The GPU runs `lag` calls behind the program: an event recorded at call
+// `now` completes once `now` has advanced by `lag` (0: at once); a
+// synchronization completes every one.
+extern uint64_t lag, now;
+
+// Fresh accounts for a device of `total` bytes, events forgotten.
+void reset(std::size_t total = std::size_t{80} << 30);
+vmm::Driver driver();
+
+}  // namespace gmem::accounting

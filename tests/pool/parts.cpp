@@ -1,0 +1,228 @@
+// The VMM pool's parts one by one (pool/stream_order, pieces, ranges, slabs,
+// stitcher), on a driver that only keeps accounts: what each promises, without
+// the rest of the pool or a device.
+#include <gtest/gtest.h>
+
+#include "accounting_driver.h"
+#include "pool/slabs.h"
+#include "pool/stitcher.h"
+
+namespace gmem::pool {
+namespace {
+
+constexpr std::size_t MiB = 1 << 20;
+
+// The parts stacked as VmmPool stacks them, on a fresh accounting driver.
+struct Parts : ::testing::Test {
+  void SetUp() override { accounting::reset(std::size_t{64} * MiB); }
+  vmm::Driver driver = accounting::driver();
+  Books books{nullptr};
+  StreamOrder order{driver};
+  Pieces pieces{driver, books, order, nullptr};
+  Ranges ranges{driver, books, order, pieces};
+  Slabs slabs{books, order, pieces, ranges};
+  int reclaims = 0;
+  Stitcher stitcher{books, order, pieces, ranges, nullptr, 1.0 / 64, [this](int) { ++reclaims; }};
+
+  Piece* make(std::size_t size) {
+    Piece* p = nullptr;
+    EXPECT_EQ(pieces.make(0, size, false, &p), CUDA_SUCCESS);
+    return p;
+  }
+  Piece* make_free(std::size_t size) {
+    Piece* p = make(size);
+    pieces.set_free(*p);
+    return p;
+  }
+  Pending freed_on(StreamId stream) {
+    Pending p;
+    EXPECT_EQ(order.record({nullptr, stream}, &p), CUDA_SUCCESS);
+    return p;
+  }
+};
+
+TEST_F(Parts, StreamOrderReusesOnTheStreamOfTheFreeAtOnceElsewhereOnceComplete) {
+  accounting::lag = 10;
+  Pending p = freed_on(1);
+  EXPECT_TRUE(order.ready(p, 1));
+  EXPECT_FALSE(order.ready(p, 2));
+  EXPECT_EQ(order.queries(), 1u);
+  order.set_quiet(true);  // a capture runs: no query
+  EXPECT_FALSE(order.ready(p, 2));
+  EXPECT_EQ(order.queries(), 1u);
+  order.set_quiet(false);
+  accounting::now = 10;
+  EXPECT_TRUE(order.ready(p, 2));
+  EXPECT_EQ(p.fence, nullptr);  // settled
+  Pending never{1, nullptr, true};
+  EXPECT_FALSE(order.ready(never, 1));
+  EXPECT_FALSE(order.complete(never, true));
+  accounting::lag = 0;
+}
+
+TEST_F(Parts, StreamOrderEventsGoBackToTheirContextOnceTheLastUserSettles) {
+  Pending first = freed_on(1), shared;
+  order.share(shared, first);
+  order.settle(first);
+  Pending second = freed_on(1);  // the first fence still has a user: a new event
+  EXPECT_EQ(accounting::accounts.events, 2u);
+  order.settle(shared);
+  order.settle(second);
+  Pending third = freed_on(1);
+  EXPECT_EQ(accounting::accounts.events, 2u);
+  order.settle(third);
+}
+
+TEST_F(Parts, PiecesAreCachedBySizeThenAgeAndCounted) {
+  Piece* big = make_free(8 * MiB);
+  Piece* small = make_free(2 * MiB);
+  Piece* small_later = make_free(2 * MiB);
+  EXPECT_EQ(books[0].figures.reserved, 12 * MiB);
+  EXPECT_EQ(books[0].cached_bytes, 12 * MiB);
+  auto it = pieces.free(0).begin();
+  EXPECT_EQ((it++)->second, small);
+  EXPECT_EQ((it++)->second, small_later);
+  EXPECT_EQ(it->second, big);
+  EXPECT_EQ(pieces.largest_free(0), 8 * MiB);
+  pieces.choose(*big);
+  EXPECT_EQ(books[0].cached_bytes, 4 * MiB);
+  pieces.release(*big);
+  EXPECT_EQ(books[0].figures.reserved, 4 * MiB);
+  EXPECT_EQ(accounting::accounts.used, 4 * MiB);
+  EXPECT_EQ(books[0].work.chunks_released, 1u);
+}
+
+TEST_F(Parts, PiecesBeyondTheDevicesMemoryAreRefused) {
+  Piece* p = nullptr;
+  EXPECT_EQ(pieces.make(0, 128 * MiB, false, &p), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(books[0].figures.reserved, 0u);
+}
+
+TEST_F(Parts, RangesFindEveryAddressOfARangeAndHoldItsPieces) {
+  Range* r = nullptr;
+  ASSERT_EQ(ranges.map({make(2 * MiB), make(4 * MiB)}, 0, &r), CUDA_SUCCESS);
+  EXPECT_EQ(r->va.size(), 6 * MiB);
+  EXPECT_EQ(ranges.find(r->va.base() + 5 * MiB), r);
+  EXPECT_EQ(ranges.find(r->va.base() + 6 * MiB), nullptr);
+  EXPECT_EQ(ranges.at(r->va.base() + 2 * MiB), nullptr);
+  for (Piece* p : r->pieces) {
+    EXPECT_EQ(p->holder, r);
+    EXPECT_EQ(p->ranges, std::vector<Range*>{r});
+  }
+  EXPECT_EQ(accounting::accounts.maps, 2u);
+}
+
+TEST_F(Parts, CachedRangesServeTheSmallestSizeOldestFirstAndOnlyWithAllPiecesFree) {
+  auto cached = [&](std::size_t size) {
+    Range* r = nullptr;
+    EXPECT_EQ(ranges.map({make(size)}, 0, &r), CUDA_SUCCESS);
+    r->blocks.resize(1);
+    ranges.cache(*r);
+    for (Piece* p : r->pieces) pieces.set_free(*p);
+    return r;
+  };
+  Range* large = cached(8 * MiB);
+  Range* old = cached(4 * MiB);
+  Range* young = cached(4 * MiB);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 2 * MiB, 0, true), nullptr);  // none fits within `most`
+  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, true), old);
+  EXPECT_EQ(old->pieces[0]->holder, old);
+  // A range whose chunk another range holds does not serve.
+  Range* over = nullptr;
+  pieces.choose(*young->pieces[0]);
+  ASSERT_EQ(ranges.map({young->pieces[0]}, 0, &over), CUDA_SUCCESS);
+  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, true), large);
+}
+
+TEST_F(Parts, APieceIsMappedInAtMost32RangesAndDroppingItUnmapsThemAll) {
+  Piece* p = make_free(2 * MiB);
+  for (int i = 0; i < 40; ++i) {
+    Range* r = nullptr;
+    ASSERT_EQ(ranges.map({p}, 0, &r), CUDA_SUCCESS);
+    r->blocks.resize(1);
+    ranges.cache(*r);
+    pieces.set_free(*p);
+  }
+  EXPECT_EQ(p->ranges.size(), 32u);
+  ASSERT_TRUE(ranges.droppable(*p, false));
+  ranges.drop(*p);
+  EXPECT_EQ(accounting::accounts.unmaps, 40u);
+  EXPECT_EQ(accounting::accounts.chunks.size(), 0u);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, true), nullptr);
+}
+
+TEST_F(Parts, SlabSizeClassesWasteAtMostAFifth) {
+  EXPECT_EQ(Slabs::size_class(1), 512u);
+  EXPECT_EQ(Slabs::size_class(513), 640u);
+  EXPECT_EQ(Slabs::size_class(4096), 4096u);
+  for (std::size_t size = 513; size <= Slabs::small_max; size += 4093) {
+    EXPECT_GE(Slabs::size_class(size), size);
+    EXPECT_LE(Slabs::size_class(size) - size, Slabs::size_class(size) / 5);
+  }
+}
+
+TEST_F(Parts, SlabsHandOutLowAddressesFirstAndEmptySlabsBecomeCachedRanges) {
+  Range* slab = nullptr;
+  std::size_t index = 99;
+  EXPECT_FALSE(slabs.take(4096, 0, 1, &slab, &index));
+  ASSERT_EQ(ranges.map({make(2 * MiB)}, 0, &slab), CUDA_SUCCESS);
+  slabs.add(*slab, 4096);  // its first block is the request's
+  EXPECT_EQ(books[0].cached_bytes, 2 * MiB - 4096);
+  Range* got = nullptr;
+  ASSERT_TRUE(slabs.take(4096, 0, 1, &got, &index));
+  EXPECT_EQ(got, slab);
+  EXPECT_EQ(index, 1u);
+  EXPECT_EQ(slab->live, 2u);
+  slab->blocks[0].base = slab->va.base();
+  slab->blocks[1].base = slab->va.base() + 4096;
+  slabs.release(*slab, 1, freed_on(1));
+  slabs.release(*slab, 0, freed_on(1));
+  EXPECT_EQ(slabs.largest_free(0), 4096u);
+  ASSERT_TRUE(slabs.take(4096, 0, 1, &got, &index));
+  EXPECT_EQ(index, 0u);  // the lowest address again
+  slabs.release(*slab, 0, freed_on(1));
+  EXPECT_TRUE(slabs.cache_empty(0, false));
+  EXPECT_EQ(slab->class_size, 0u);
+  EXPECT_EQ(slabs.largest_free(0), 0u);
+  EXPECT_EQ(pieces.largest_free(0), 2 * MiB);
+  EXPECT_EQ(books[0].cached_bytes, 2 * MiB);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, false), slab);
+}
+
+TEST_F(Parts, StitcherJoinsFreePiecesBeforeMakingMemory) {
+  books[0].peak_used = 64 * MiB;  // it may grow
+  make_free(4 * MiB);
+  make_free(2 * MiB);
+  Range* r = nullptr;
+  ASSERT_EQ(stitcher.stitch(6 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  EXPECT_EQ(r->pieces.size(), 2u);
+  EXPECT_EQ(accounting::accounts.creates, 2u);  // nothing new
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  EXPECT_EQ(accounting::accounts.creates, 3u);
+  EXPECT_EQ(r->pieces.size(), 1u);
+}
+
+TEST_F(Parts, StitcherMakesAFarTooBigPieceAgainRatherThanGrowBeyondItsPeak) {
+  make_free(32 * MiB);
+  books[0].peak_used = 32 * MiB;  // holding 32 MiB: no room to grow
+  Range* r = nullptr;
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  EXPECT_EQ(r->va.size(), 4 * MiB);
+  EXPECT_EQ(books[0].figures.reserved, 32 * MiB);
+  EXPECT_EQ(pieces.largest_free(0), 28 * MiB);
+  EXPECT_EQ(accounting::accounts.releases, 1u);
+}
+
+TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
+  books[0].peak_used = 64 * MiB;
+  Range* r = nullptr;
+  ASSERT_EQ(stitcher.stitch(48 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  EXPECT_EQ(reclaims, 0);
+  EXPECT_EQ(stitcher.stitch(32 * MiB, 0, 0, &r), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(reclaims, 1);
+  EXPECT_TRUE(books[0].full);
+  EXPECT_EQ(books[0].figures.reserved, 48 * MiB);
+}
+
+}  // namespace
+}  // namespace gmem::pool
