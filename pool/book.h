@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 
+#include "pool/per_device.h"
 #include "pool/publisher.h"
 
 namespace gmem::pool {
@@ -52,12 +52,16 @@ class Books {
  public:
   explicit Books(Publisher* publisher) : publisher_(publisher) {}
   Book& operator[](int device) { return books_[device]; }
-  const Book* find(int device) const {
-    auto it = books_.find(device);
-    return it == books_.end() ? nullptr : &it->second;
+  const Book* find(int device) const { return books_.find(device); }
+  // Calls `visit(device, book)` for every device the pool has seen.
+  template <typename Visit>
+  void for_each(Visit&& visit) {
+    books_.for_each(visit);
   }
-  std::map<int, Book>& all() { return books_; }
-  const std::map<int, Book>& all() const { return books_; }
+  template <typename Visit>
+  void for_each(Visit&& visit) const {
+    books_.for_each(visit);
+  }
   void publish(int device, gmem_device_stat stat, int64_t delta) const {
     if (publisher_) publisher_->add(device, stat, delta);
   }
@@ -68,7 +72,7 @@ class Books {
 
  private:
   Publisher* const publisher_;
-  std::map<int, Book> books_;
+  PerDevice<Book> books_;
 };
 
 }  // namespace gmem::pool

@@ -70,8 +70,8 @@ void Pieces::release(Piece& piece) {
 }
 
 std::size_t Pieces::largest_free(int device) const {
-  auto it = devices_.find(device);
-  return it == devices_.end() || it->second.free.empty() ? 0 : it->second.free.rbegin()->first.first;
+  const Device* d = devices_.find(device);
+  return !d || d->free.empty() ? 0 : d->free.rbegin()->first.first;
 }
 
 }  // namespace gmem::pool

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pool/book.h"
+#include "pool/per_device.h"
 #include "pool/stream_order.h"
 #include "pool/tiers.h"
 #include "vmm/memory.h"
@@ -65,9 +66,9 @@ class Pieces {
   std::size_t largest_free(int device) const;
   template <typename Visit>
   void for_each_free_pending(Visit&& visit) {
-    for (auto& [device, d] : devices_) {
+    devices_.for_each([&](int, Device& d) {
       for (auto& [key, piece] : d.free) visit(piece->pending);
-    }
+    });
   }
 
  private:
@@ -80,7 +81,7 @@ class Pieces {
   Books& books_;
   StreamOrder& order_;
   Tiers* const tiers_;
-  std::map<int, Device> devices_;
+  PerDevice<Device> devices_;
   uint64_t made_ = 0;
 };
 

@@ -88,9 +88,9 @@ class Ranges {
   }
   template <typename Visit>
   void for_each_cached_pending(Visit&& visit) {
-    for (auto& [device, cached] : cached_) {
+    cached_.for_each([&](int, CachedRanges& cached) {
       for (auto& [size, range] : cached) visit(range->last_free);
-    }
+    });
   }
 
  private:
@@ -103,7 +103,7 @@ class Ranges {
   StreamOrder& order_;
   Pieces& pieces_;
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
-  std::map<int, CachedRanges> cached_;
+  PerDevice<CachedRanges> cached_;
   uint64_t made_ = 0;
 };
 

@@ -20,7 +20,8 @@ std::size_t Slabs::size_class(std::size_t size) {
 }
 
 bool Slabs::take(std::size_t class_size, int device, StreamId stream, Range** slab, std::size_t* index) {
-  auto& blocks = devices_[device].free_blocks[class_size];
+  Device& d = devices_[device];
+  auto& blocks = d.free_blocks[class_size];
   // The free block at the lowest address this stream may use (a few are looked at).
   auto found = blocks.end();
   int looked = 0;
@@ -35,7 +36,6 @@ bool Slabs::take(std::size_t class_size, int device, StreamId stream, Range** sl
   *index = (found->first - (*slab)->va.base()) / class_size;
   order_.settle(found->second);
   blocks.erase(found);
-  Device& d = devices_[device];
   if ((*slab)->live++ == 0) d.empty.erase(*slab);
   books_[device].cached_bytes -= class_size;
   return true;
@@ -51,9 +51,10 @@ void Slabs::add(Range& range, std::size_t class_size) {
 }
 
 void Slabs::release(Range& slab, std::size_t index, const Pending& pending) {
-  order_.share(devices_[slab.device].free_blocks[slab.class_size][slab.blocks[index].base], pending);
+  Device& d = devices_[slab.device];
+  order_.share(d.free_blocks[slab.class_size][slab.blocks[index].base], pending);
   books_[slab.device].cached_bytes += slab.class_size;
-  if (--slab.live == 0) devices_[slab.device].empty.insert(&slab);
+  if (--slab.live == 0) d.empty.insert(&slab);
 }
 
 bool Slabs::cache_empty(int device, bool wait) {
@@ -81,9 +82,9 @@ bool Slabs::cache_empty(int device, bool wait) {
 }
 
 std::size_t Slabs::largest_free(int device) const {
-  auto it = devices_.find(device);
-  if (it == devices_.end()) return 0;
-  for (auto c = it->second.free_blocks.rbegin(); c != it->second.free_blocks.rend(); ++c) {
+  const Device* d = devices_.find(device);
+  if (!d) return 0;
+  for (auto c = d->free_blocks.rbegin(); c != d->free_blocks.rend(); ++c) {
     if (!c->second.empty()) return c->first;
   }
   return 0;

@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include "pool/per_device.h"
+
 #include "pool/ranges.h"
 
 namespace gmem::pool {
@@ -37,11 +39,11 @@ class Slabs {
   std::size_t largest_free(int device) const;
   template <typename Visit>
   void for_each_free_pending(Visit&& visit) {
-    for (auto& [device, d] : devices_) {
+    devices_.for_each([&](int, Device& d) {
       for (auto& [size, blocks] : d.free_blocks) {
         for (auto& [base, pending] : blocks) visit(pending);
       }
-    }
+    });
   }
 
  private:
@@ -55,7 +57,7 @@ class Slabs {
   StreamOrder& order_;
   Pieces& pieces_;
   Ranges& ranges_;
-  std::map<int, Device> devices_;
+  PerDevice<Device> devices_;
 };
 
 }  // namespace gmem::pool

@@ -213,7 +213,7 @@ uint64_t VmmPool::event_queries() const {
 std::vector<int> VmmPool::devices() const {
   std::lock_guard lock(mutex_);
   std::vector<int> out;
-  for (const auto& [device, b] : books_.all()) out.push_back(device);
+  books_.for_each([&](int device, const Book&) { out.push_back(device); });
   return out;
 }
 
@@ -240,11 +240,11 @@ bool VmmPool::give_back_cache(bool quiet) {
   order_.set_quiet(quiet);
   complete_pending_frees();
   bool released = false;
-  for (auto& [device, b] : books_.all()) {
+  books_.for_each([&](int device, Book& b) {
     const std::size_t reserved = b.figures.reserved;
     trim_locked(device, 0);
     released |= b.figures.reserved < reserved;
-  }
+  });
   return released;
 }
 

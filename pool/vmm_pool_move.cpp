@@ -25,7 +25,7 @@ std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
   std::lock_guard lock(mutex_);
   std::vector<Movable> out;
   if (!tiers_) return out;
-  for (auto& [device, b] : books_.all()) {
+  books_.for_each([&](int device, Book& b) {
     std::size_t smallest = SIZE_MAX;
     CUcontext context = nullptr;
     for (const Piece& p : pieces_.all(device)) {
@@ -35,13 +35,13 @@ std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
         context = c;
       }
     }
-    if (!context || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
+    if (!context || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return;
     std::size_t room = tiers_->device_free(device, b.figures.reserved);
     CUcontext popped = nullptr;
     driver_.cuCtxPopCurrent_v2(&popped);
     for (const Piece* p : idle_device_pieces(device, idle_since_ns)) room += p->memory.size();
     if (room >= smallest) out.push_back({device, context});
-  }
+  });
   return out;
 }
 
