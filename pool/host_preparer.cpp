@@ -1,5 +1,7 @@
 #include "pool/host_preparer.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 namespace gmem::pool {
@@ -11,7 +13,10 @@ bool fits(std::size_t chunk, std::size_t size) { return chunk >= size && chunk -
 }  // namespace
 
 HostPreparer::HostPreparer(std::size_t target, Make make) : target_(target), make_(std::move(make)) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "gmem-prepare");  // as top and /proc show it
+    run();
+  });
 }
 
 HostPreparer::~HostPreparer() { stop(); }

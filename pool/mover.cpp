@@ -54,7 +54,10 @@ void Mover::spilled() {
   if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, now - last_spill_ns_);
   last_spill_ns_ = now;
   if (thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "gmem-mover");  // as top and /proc show it
+    run();
+  });
   static std::once_flag handlers;
   std::call_once(handlers, [] {
     // Registered after cuInit, so they run before the driver's own exit handlers.
