@@ -13,6 +13,7 @@ CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
     // (the device's last room, a peer, the host).
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     if (spill) {
+      Timer spill_timer(book.work.spill_ns);
       status = tiers_->make(device, book.figures.reserved, size, &memory);
     } else if (!tiers_ || tiers_->device_may_hold(device, book.figures.reserved, size)) {
       status = vmm::Chunk::create(driver_, device, size, &memory);
@@ -32,6 +33,7 @@ CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
   piece.self = pieces.begin();
   piece.id = ++made_;
   piece.spilled = !(piece.memory.location() == vmm::Location::device(device));
+  book.work.spilled_made += piece.spilled;
   piece.holder = chosen;
   *out = &piece;
   return CUDA_SUCCESS;
@@ -65,6 +67,7 @@ void Pieces::release(Piece& piece) {
   books_.publish(device, GMEM_STAT_reserved_bytes, -int64_t(piece.memory.size()));
   books_.publish(device, GMEM_STAT_chunks, -1);
   ++book.work.chunks_released;
+  book.work.spilled_released += piece.spilled;
   Timer timer(book.work.driver_ns);
   devices_[device].pieces.erase(piece.self);  // the chunk goes back to the driver here
 }

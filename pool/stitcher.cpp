@@ -44,22 +44,27 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     // grow: new memory then serves the rest and no cached range is lost).
     Piece* piece = first(fits, too_big, reusable);
     if (!piece && parts->size() + 1 < most_parts) piece = first(std::make_reverse_iterator(fits), free.rend(), reusable);
-    const bool split = !piece && !may_grow;
-    // Made again only once nothing may use it or the ranges it is mapped in:
-    // rather than grow beyond the headroom, the pool waits for that.
-    auto splittable = [&](Piece& p, bool wait) { return of_kind(p) && ranges_.droppable(p, wait); };
+    bool split = !piece && !may_grow;
+    // A device chunk is made again only once nothing may use it or the ranges
+    // it is mapped in: rather than grow beyond the headroom, the pool waits for that.
+    auto splittable = [&](Piece& p, bool wait) { return !p.spilled && ranges_.droppable(p, wait); };
     if (split) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, false); });
     if (split && !piece) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, true); });
+    // A spilled chunk is never made again (unpinning and pinning host memory
+    // again costs about 1 s per 3 GB, at every step of a job whose requests
+    // vary): one too big serves whole.
+    if (split && !piece && spilled_too) {
+      piece = first(too_big, free.end(), [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); });
+      split = false;
+    }
     if (!piece) break;
     const std::size_t bytes = piece->memory.size();
     pieces_.choose(*piece);
     if (split) {
-      // Made again where it was: a spilled chunk by the tiers (the device first).
-      const bool spill = piece->spilled;
       ranges_.drop(*piece);
       Piece *part = nullptr, *rest = nullptr;
-      if (pieces_.make(device, need, spill, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
-      if (pieces_.make(device, bytes - part->memory.size(), spill, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
+      if (pieces_.make(device, need, false, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (pieces_.make(device, bytes - part->memory.size(), false, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
       piece = part;
     }
     *covered += piece->memory.size();

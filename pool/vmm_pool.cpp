@@ -232,7 +232,7 @@ void VmmPool::reset_high(int device, High which) {
 void VmmPool::trim(int device, std::size_t keep) {
   std::lock_guard lock(mutex_);
   order_.set_quiet(false);
-  trim_locked(device, keep);
+  trim_locked(device, keep, true);
 }
 
 bool VmmPool::give_back_cache(bool quiet) {
@@ -242,20 +242,20 @@ bool VmmPool::give_back_cache(bool quiet) {
   bool released = false;
   books_.for_each([&](int device, Book& b) {
     const std::size_t reserved = b.figures.reserved;
-    trim_locked(device, 0);
+    trim_locked(device, 0, false);
     released |= b.figures.reserved < reserved;
   });
   return released;
 }
 
-void VmmPool::trim_locked(int device, std::size_t keep) {
+void VmmPool::trim_locked(int device, std::size_t keep, bool spilled_too) {
   Book& b = books_[device];
   slabs_.cache_empty(device, false);
   // Largest first: the fewest ranges lose their mappings.
   FreePieces& free = pieces_.free(device);
   for (auto it = free.end(); b.cached_bytes > keep && it != free.begin();) {
     Piece* p = (--it)->second;
-    if (!ranges_.droppable(*p, false)) continue;
+    if ((p->spilled && !spilled_too) || !ranges_.droppable(*p, false)) continue;
     b.full &= p->spilled;  // the device has room again
     ranges_.drop(*p);
     it = free.end();  // dropping a piece may drop others' entries' neighbours

@@ -68,8 +68,9 @@ class VmmPool {
   // Gives cached memory whose frees have completed back to the driver until at
   // most `keep` bytes stay cached on `device`.
   void trim(int device, std::size_t keep);
-  // Every device's cached memory back to the driver (after waiting for
-  // pending frees, unless `quiet`); true if any went back.
+  // Every device's cached device memory back to the driver (after waiting
+  // for pending frees, unless `quiet`); true if any went back. Spilled
+  // chunks stay cached.
   bool give_back_cache(bool quiet);
   // A destroyed context's allocations become free (no kernel can touch them).
   void forget_context(CUcontext context);
@@ -142,7 +143,9 @@ class VmmPool {
   void for_each_pending(Visit&& visit);
   // Waits for every pending free (the out-of-memory path only).
   void complete_pending_frees();
-  void trim_locked(int device, std::size_t keep);
+  // With `spilled_too`, spilled chunks go back too (else they stay pinned
+  // for the next spill: giving them back frees none of the device's memory).
+  void trim_locked(int device, std::size_t keep, bool spilled_too);
   void publish_free_figures(int device);
   // Dedup: the live whole-range allocation at `base`, or null; what its
   // addresses map (shared chunks, else its pieces); `chunks` mapped over all

@@ -116,7 +116,8 @@ def tiers_line(size, r):
 def describe(r):
     """One run in a few words."""
     if r["ok"]:
-        return f"{r['step_ms']:.1f} ms/step, reserved peak {r['physical_peak'] / GB:.1f} GB"
+        steps = ", ".join(f"{t:.0f}" for t in r.get("steps_ms", []))
+        return f"{r['step_ms']:.1f} ms/step (steps: {steps} ms), reserved peak {r['physical_peak'] / GB:.1f} GB"
     return "out of memory" if r["oom"] else r["error"]
 
 

@@ -111,6 +111,7 @@ def child(args):
         return NOT_DETERMINISTIC_EXIT
     stats = torch.cuda.memory_stats()
     result = {"step_ms": statistics.median(times) * 1e3,
+              "steps_ms": [round(t * 1e3, 1) for t in times],
               "tensors_peak": torch.cuda.max_memory_allocated(),
               "reserved_peak": stats.get("reserved_bytes.all.peak", 0),
               "loss": losses[-1],

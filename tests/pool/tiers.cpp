@@ -514,6 +514,47 @@ TEST_F(NoPeer, WithoutP2PTheHostTakesWhatTheDeviceCannotHold) {
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
 }
 
+// A free host chunk larger than a later spill needs serves whole: making it
+// again at the size needed would unpin and pin host memory (about 1 s per
+// 3 GB on a GPU machine) at every step of a job whose requests vary.
+TEST_F(NoPeer, AFreeHostChunkTooBigServesWholeRatherThanBePinnedAgain) {
+  CUdeviceptr a = alloc(60 * mib);
+  fill(a, 60 * mib, 17);
+  CUdeviceptr b = alloc(30 * mib);  // 4 MiB on the device, 26 MiB on the host
+  OwnStats stats;
+  ASSERT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 26 * mib);
+  free(b);
+  const uint64_t chunks = stats.device(0, GMEM_STAT_chunks);
+  CUdeviceptr c = alloc(10 * mib);  // the device's 4 MiB and 6 MiB of the host chunk
+  round_trip(c, 10 * mib, 16);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_chunks), chunks) << "a chunk was made again";
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 26 * mib);
+  EXPECT_EQ(stats.placement(c).tier, GMEM_TIER_HOST);
+  check(a, 60 * mib, 17);
+}
+
+// A driver call that finds the device full makes the pool give its cached
+// device memory back and tries again; pinned host chunks stay cached (giving
+// them back frees nothing on the device, and the next spill would pin again).
+TEST_F(NoPeer, ADeviceOutOfMemoryGivesBackDeviceChunksOnly) {
+  CUdeviceptr a = alloc(40 * mib);
+  fill(a, 40 * mib, 18);
+  CUdeviceptr b = alloc(40 * mib);  // 24 MiB on the device, 16 MiB on the host
+  free(b);
+  OwnStats stats;
+  ASSERT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 16 * mib);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemGenericAllocationHandle handle = 0;
+  ASSERT_EQ(cuMemCreate(&handle, 16 * mib, &prop, 0), CUDA_SUCCESS);  // the cached 24 MiB went back
+  // a's 40 MiB, the host's 16 MiB and the driver's 16 MiB (the cached 24 MiB went back).
+  EXPECT_EQ(stats.device(0, GMEM_STAT_reserved_bytes), 40 * mib + 16 * mib + 16 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 16 * mib);
+  EXPECT_EQ(cuMemRelease(handle), CUDA_SUCCESS);
+  check(a, 40 * mib, 18);
+}
+
 // Where the host cannot pin a chunk as large as the spill needs at once
 // (here 8 MiB at most), the spill is made of smaller host chunks.
 TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
