@@ -714,7 +714,7 @@ void VmmPool::forget_context(CUcontext context) {
 VmmPool::Range* VmmPool::live_whole_range(CUdeviceptr base) const {
   auto it = ranges_.find(base);
   if (it == ranges_.end() || it->second->class_size || it->second->blocks.size() != 1 ||
-      it->second->blocks[0].size == 0) {
+      it->second->blocks[0].size == 0 || it->second->exported) {
     return nullptr;
   }
   return it->second.get();
@@ -853,11 +853,25 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   return CUDA_SUCCESS;
 }
 
+// ---- CUDA IPC (see vmm_pool.h). ----
+
+CUresult VmmPool::export_allocation(CUdeviceptr ptr, Exported* out) {
+  std::lock_guard lock(mutex_);
+  Range* range = range_of(ptr);
+  if (!range || !range->shared.empty()) return CUDA_ERROR_INVALID_VALUE;
+  const Block& block = range->blocks[block_index(*range, ptr)];
+  if (block.size == 0 || ptr >= block.base + block.size) return CUDA_ERROR_INVALID_VALUE;
+  range->exported = true;
+  *out = Exported{block.base, block.size, block.base - range->va.base(), range->device, {}};
+  for (const Piece* p : range->pieces) out->chunks.push_back({p->memory.handle(), p->memory.size()});
+  return CUDA_SUCCESS;
+}
+
 // ---- Moving spilled memory back (see vmm_pool.h and mover.h). ----
 
 bool VmmPool::live_spilled(const Piece& piece) {
   return piece.spilled && piece.holder && piece.holder != chosen && piece.holder->live &&
-         piece.holder->shared.empty();
+         piece.holder->shared.empty() && !piece.holder->exported;
 }
 
 CUcontext VmmPool::context_of(const Range& range) {

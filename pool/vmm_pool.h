@@ -137,6 +137,20 @@ class VmmPool {
   // reference). On failure nothing changed.
   CUresult make_private(CUdeviceptr base, bool copy);
 
+  // ---- CUDA IPC (ipc/): memory another process maps. ----
+  struct Exported {
+    CUdeviceptr base = 0;    // the allocation's
+    std::size_t size = 0;    // as requested
+    std::size_t offset = 0;  // of `base` in the memory of `chunks`
+    int device = -1;
+    std::vector<ChunkView> chunks;  // its range's, in address order
+  };
+  // The chunks behind the live allocation holding `ptr`, for another process
+  // to map: from now on neither move_back nor dedup remaps its range (the
+  // other process maps those chunks, not the range). CUDA_ERROR_INVALID_VALUE
+  // where `ptr` is in no live allocation, or in one dedup maps on shared memory.
+  CUresult export_allocation(CUdeviceptr ptr, Exported* out);
+
   // ---- Moving spilled memory back (pool/mover.h). ----
   // Told of every allocation served with spilled memory (set once, before use).
   void observe_spills(Mover* mover) { mover_ = mover; }
@@ -208,6 +222,7 @@ class VmmPool {
     // Dedup: the chunks of a copy shared with other processes, mapped
     // read-only instead of `pieces` (which stay held if they are the same memory).
     std::vector<vmm::Chunk> shared;
+    bool exported = false;  // CUDA IPC: other processes may map its chunks
     // Whole ranges, while free: the free that kernels may use its addresses
     // before (its chunks may serve others sooner, on the same stream).
     Pending last_free;

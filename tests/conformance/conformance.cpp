@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "ipc_peer.h"
 
 namespace {
 
@@ -885,6 +885,7 @@ TEST_F(Vmm, ExportedFdImportsInAnotherProcess) {
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--import-child") == 0) return child_main(3);
   if (argc == 2 && std::strcmp(argv[1], "--before-init") == 0) return before_init_main();
+  if (argc == 2 && std::strcmp(argv[1], "--ipc-peer") == 0) return ipc_peer::serve(3);
   testing::InitGoogleTest(&argc, argv);
   // No device is a skip (meson: 77), never a pass. (A libcuda.so.1 that cannot
   // be loaded stops the program before main, with the loader's 127: a failure.)
