@@ -262,6 +262,12 @@ std::optional<CUresult> Pool::block_attribute(const Block& block, CUpointer_attr
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
       return CUDA_ERROR_INVALID_VALUE;
+    // The pool's memory crosses with cuIpcGetMemHandle (ipc/), which the
+    // driver refuses for VMM memory.
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      if (!vmm_ || !vmm_->find(block.base)) return std::nullopt;
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
       // Stream-ordered allocations belong to the device's default pool.
       std::optional<Allocation> a = allocations_.find(block.base);

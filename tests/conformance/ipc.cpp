@@ -58,7 +58,11 @@ class Ipc : public testing::Test {
 // Whole allocations and small ones (which the driver, and gmem's pool, carve
 // from a larger block: the handle then carries the offset).
 TEST_F(Ipc, ThePeerOpensReadsAndWritesThisProcesssMemory) {
-  peer_reads_and_writes(alloc(3 * mib), 3 * mib, 10);
+  CUdeviceptr whole = alloc(3 * mib);
+  int capable = 0;
+  EXPECT_EQ(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, whole), CUDA_SUCCESS);
+  EXPECT_EQ(capable, 1);
+  peer_reads_and_writes(whole, 3 * mib, 10);
   alloc(8 * kib);  // the next one is not at the start of its block
   peer_reads_and_writes(alloc(64 * kib), 64 * kib, 20);
 }
