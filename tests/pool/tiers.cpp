@@ -311,19 +311,28 @@ TEST_F(Spill, SpilledMemoryCrossesToAnotherProcess) {
   fill(b, 60 * mib, 80);
   CUipcMemHandle handle{};
   ASSERT_EQ(cuIpcGetMemHandle(&handle, b), CUDA_SUCCESS);
-  ipc_peer::Peer peer;
-  ipc_peer::Answer opened = peer.open(handle);
-  ASSERT_EQ(opened.result, CUDA_SUCCESS);
-  EXPECT_EQ(peer.check(opened.ptr, 60 * mib, 80), 0);
-  // Device memory to the other process too, with the allocation's bounds.
-  EXPECT_EQ(peer.memory_type(opened.ptr + 59 * mib).bytes, CU_MEMORYTYPE_DEVICE);
-  ipc_peer::Answer range = peer.range(opened.ptr + 50 * mib);
-  EXPECT_EQ(range.ptr, opened.ptr);
-  EXPECT_EQ(range.bytes, 60 * mib);
-  EXPECT_EQ(peer.fill(opened.ptr, 60 * mib, 81), CUDA_SUCCESS);
-  check(b, 60 * mib, 81);
-  EXPECT_EQ(peer.close_handle(opened.ptr), CUDA_SUCCESS);
-  EXPECT_EQ(peer.finish(), 0);
+  // The other process with this one's configuration, then with the driver's
+  // allocator (pool:driver): any process under gmem opens gmem's handles.
+  const std::string conf = getenv("GMEM_CONF");
+  for (const char* theirs : {conf.c_str(), "pool:driver,stats:0"}) {
+    SCOPED_TRACE(theirs);
+    setenv("GMEM_CONF", theirs, 1);
+    ipc_peer::Peer peer;
+    setenv("GMEM_CONF", conf.c_str(), 1);
+    ipc_peer::Answer opened = peer.open(handle);
+    ASSERT_EQ(opened.result, CUDA_SUCCESS);
+    EXPECT_EQ(peer.check(opened.ptr, 60 * mib, 80), 0);
+    // Device memory to the other process too, with the allocation's bounds.
+    EXPECT_EQ(peer.memory_type(opened.ptr + 59 * mib).bytes, CU_MEMORYTYPE_DEVICE);
+    ipc_peer::Answer range = peer.range(opened.ptr + 50 * mib);
+    EXPECT_EQ(range.ptr, opened.ptr);
+    EXPECT_EQ(range.bytes, 60 * mib);
+    EXPECT_EQ(peer.fill(opened.ptr, 60 * mib, 81), CUDA_SUCCESS);
+    check(b, 60 * mib, 81);
+    EXPECT_EQ(peer.close_handle(opened.ptr), CUDA_SUCCESS);
+    EXPECT_EQ(peer.finish(), 0);
+    fill(b, 60 * mib, 80);
+  }
 }
 
 // Runs this program again as `mode`; returns its exit status, or -1.
