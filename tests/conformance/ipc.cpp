@@ -180,6 +180,18 @@ TEST_F(Ipc, TheHandleOfFreedMemoryOpensNothing) {
   printf("the handle of freed memory: %d\n", result);
 }
 
+// A handle of a process that exited opens nothing.
+TEST_F(Ipc, TheHandleOfAnExitedProcessOpensNothing) {
+  CUdeviceptr theirs = peer_.alloc(2 * mib);
+  ipc_peer::Answer exported = peer_.get_handle(theirs);
+  ASSERT_EQ(exported.result, CUDA_SUCCESS);
+  ASSERT_EQ(peer_.finish(), 0);
+  CUdeviceptr mine = 0;
+  CUresult result = cuIpcOpenMemHandle_v2(&mine, exported.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  EXPECT_NE(result, CUDA_SUCCESS);
+  printf("the handle of an exited process: %d\n", result);
+}
+
 // cuIpcCloseMemHandle of an address cuIpcOpenMemHandle did not return.
 TEST_F(Ipc, ClosingWhatWasNotOpenedFails) {
   CUdeviceptr p = alloc(2 * mib);

@@ -140,20 +140,22 @@ class Peer {
   int free(CUdeviceptr ptr) { return ask({Op::free, 0, ptr}).result; }
   Answer range(CUdeviceptr ptr) { return ask({Op::range, 0, ptr}); }
   Answer memory_type(CUdeviceptr ptr) { return ask({Op::memory_type, 0, ptr}); }
-  // Ends the peer; its exit status, or -1.
+  // Ends the peer (once); its exit status, or -1.
   int finish() {
-    if (pid_ <= 0) return -1;
+    if (pid_ <= 0) return exit_status_;
     ask({Op::quit});
     ::close(socket_);
     int status = 0;
     const bool reaped = waitpid(pid_, &status, 0) == pid_;
     pid_ = 0;
-    return reaped && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    exit_status_ = reaped && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return exit_status_;
   }
 
  private:
   pid_t pid_ = -1;
   int socket_ = -1;
+  int exit_status_ = -1;
 };
 
 }  // namespace ipc_peer
