@@ -114,10 +114,23 @@ std::optional<CUresult> Importer::close(CUdeviceptr ptr) {
   if (--o.references > 0) return CUDA_SUCCESS;
   // No work queued before may still use the memory once it is unmapped.
   driver_.cuCtxSynchronize();
-  o.va.unmap(0, o.va.size());
-  by_key_.erase(o.key);
-  opened_.erase(it);  // the address range, then the chunks, go back
+  drop(it);
   return CUDA_SUCCESS;
+}
+
+void Importer::drop(std::map<CUdeviceptr, std::unique_ptr<Opened>>::iterator it) {
+  it->second->va.unmap(0, it->second->va.size());
+  by_key_.erase(it->second->key);
+  opened_.erase(it);  // the address range, then the chunks, go back
+}
+
+void Importer::context_destroyed(CUcontext context) {
+  std::lock_guard lock(mutex_);
+  for (auto it = opened_.begin(); it != opened_.end();) {
+    auto next = std::next(it);
+    if (it->second->key.context == context) drop(it);
+    it = next;
+  }
 }
 
 std::optional<pool::Block> Importer::find(CUdeviceptr ptr) const {

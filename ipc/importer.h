@@ -30,6 +30,7 @@ class Importer final : public pool::MappedElsewhere {
   // nullopt: `ptr` is no address this importer returned (the driver's to answer).
   std::optional<CUresult> close(CUdeviceptr ptr);
   std::optional<pool::Block> find(CUdeviceptr ptr) const override;
+  void context_destroyed(CUcontext context) override;
 
  private:
   struct Key {
@@ -49,6 +50,8 @@ class Importer final : public pool::MappedElsewhere {
   };
   // Asks the exporter for the chunks of `handle` and maps them into `out`.
   CUresult fetch(const Handle& handle, int device, Opened* out);
+  // Unmaps `it` and lets its address range and chunks go.
+  void drop(std::map<CUdeviceptr, std::unique_ptr<Opened>>::iterator it);
 
   const vmm::Driver& driver_;
   mutable std::mutex mutex_;

@@ -405,6 +405,7 @@ void Pool::primary_context_released(CUdevice device) {
 
 void Pool::context_destroyed(CUcontext context) {
   allocations_.purge_context(context);
+  if (elsewhere_) elsewhere_->context_destroyed(context);
   if (vmm_) {
     for (FreeObserver* observer : free_observers_) observer->before_context_destroyed(context);
   }

@@ -44,6 +44,8 @@ class MappedElsewhere {
   // The mapping holding `ptr` as a Block (base and size as the program sees
   // them, its device and context); nullopt if none.
   virtual std::optional<Block> find(CUdeviceptr ptr) const = 0;
+  // A destroyed context's mappings are gone, as the driver's would be.
+  virtual void context_destroyed(CUcontext context) = 0;
 
  protected:
   ~MappedElsewhere() = default;
@@ -123,7 +125,7 @@ class Pool {
   const vmm::Driver& driver() const { return driver_; }
   // Each is told in the order added; the first to refuse a free stops it.
   void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }
-  void describe_elsewhere(const MappedElsewhere* mapped) { elsewhere_ = mapped; }
+  void describe_elsewhere(MappedElsewhere* mapped) { elsewhere_ = mapped; }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -153,7 +155,7 @@ class Pool {
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first
   std::vector<FreeObserver*> free_observers_;
-  const MappedElsewhere* elsewhere_ = nullptr;
+  MappedElsewhere* elsewhere_ = nullptr;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;

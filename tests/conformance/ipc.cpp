@@ -192,6 +192,23 @@ TEST_F(Ipc, TheHandleOfAnExitedProcessOpensNothing) {
   printf("the handle of an exited process: %d\n", result);
 }
 
+// What a context opened goes with it: its primary context reset, the peer
+// finds the address unknown, and opening the handle again maps the memory anew.
+TEST_F(Ipc, AResetContextLosesWhatItOpened) {
+  const std::size_t bytes = 2 * mib;
+  CUdeviceptr p = alloc(bytes);
+  ASSERT_EQ(ipc_peer::fill(p, bytes, 75), CUDA_SUCCESS);
+  CUipcMemHandle h = handle_of(p);
+  ipc_peer::Answer opened = peer_.open(h);
+  ASSERT_EQ(opened.result, CUDA_SUCCESS);
+  ASSERT_EQ(peer_.reset_context(), CUDA_SUCCESS);
+  EXPECT_NE(peer_.memory_type(opened.ptr).result, CUDA_SUCCESS);
+  ipc_peer::Answer again = peer_.open(h);
+  ASSERT_EQ(again.result, CUDA_SUCCESS);
+  EXPECT_EQ(peer_.check(again.ptr, bytes, 75), 0);
+  EXPECT_EQ(peer_.close_handle(again.ptr), CUDA_SUCCESS);
+}
+
 // cuIpcCloseMemHandle of an address cuIpcOpenMemHandle did not return.
 TEST_F(Ipc, ClosingWhatWasNotOpenedFails) {
   CUdeviceptr p = alloc(2 * mib);

@@ -21,7 +21,7 @@ extern char** environ;
 
 namespace ipc_peer {
 
-enum class Op : uint32_t { alloc, get_handle, open, close, fill, check, free, range, memory_type, quit };
+enum class Op : uint32_t { alloc, get_handle, open, close, fill, check, free, range, memory_type, reset, quit };
 
 struct Command {
   Op op = Op::quit;
@@ -89,6 +89,11 @@ inline int serve(int socket) {
         a.bytes = type;
         break;
       }
+      case Op::reset:  // the primary context, retained and current again
+        a.result = cuDevicePrimaryCtxReset_v2(dev);
+        if (a.result == CUDA_SUCCESS) a.result = cuDevicePrimaryCtxRetain(&ctx, dev);
+        if (a.result == CUDA_SUCCESS) a.result = cuCtxSetCurrent(ctx);
+        break;
       case Op::quit: break;
     }
     if (send(socket, &a, sizeof a, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof a)) return 11;
@@ -140,6 +145,7 @@ class Peer {
   int free(CUdeviceptr ptr) { return ask({Op::free, 0, ptr}).result; }
   Answer range(CUdeviceptr ptr) { return ask({Op::range, 0, ptr}); }
   Answer memory_type(CUdeviceptr ptr) { return ask({Op::memory_type, 0, ptr}); }
+  int reset_context() { return ask({Op::reset}).result; }
   // Ends the peer (once); its exit status, or -1.
   int finish() {
     if (pid_ <= 0) return exit_status_;
