@@ -539,6 +539,11 @@ TEST_F(Driver, ProcAddressFollowsVersionAndFlags) {
       {"cuMemFreeAsync", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemFreeAsync_ptsz"},
       {"cuMemGetInfo", 13000, 0, "cuMemGetInfo_v2"},
       {"cuMemcpyHtoD", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemcpyHtoD_v2_ptds"},
+      // CUDA IPC: both ABIs of the open (the shim hooks both).
+      {"cuIpcOpenMemHandle", 11000, 0, "cuIpcOpenMemHandle_v2"},
+      {"cuIpcOpenMemHandle", 4010, 0, "cuIpcOpenMemHandle"},
+      {"cuIpcGetMemHandle", 13000, 0, "cuIpcGetMemHandle"},
+      {"cuIpcCloseMemHandle", 13000, 0, "cuIpcCloseMemHandle"},
   };
   // Both ABIs of cuGetProcAddress: this CUDA 12 one and the CUDA 11.3 one.
   using Legacy = CUresult (*)(const char*, void**, int, cuuint64_t);
