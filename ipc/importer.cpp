@@ -90,16 +90,27 @@ CUresult Importer::open(CUdeviceptr* ptr, const Handle& handle, unsigned flags) 
   // As the driver: a handle does not open in the process that exported it.
   if (handle.pid == static_cast<uint32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
   const Key key{handle.pid, handle.nonce, handle.id, context};
-  std::lock_guard lock(mutex_);
-  if (auto it = by_key_.find(key); it != by_key_.end()) {
+  auto opened_before = [&] {
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return false;
     ++opened_.at(it->second)->references;
     *ptr = it->second;
-    return CUDA_SUCCESS;
+    return true;
+  };
+  {
+    std::lock_guard lock(mutex_);
+    if (opened_before()) return CUDA_SUCCESS;
   }
+  // Without the lock: pointer queries go on while the exporter answers.
   auto opened = std::make_unique<Opened>();
   opened->key = key;
   opened->block.context = context;
   if (CUresult status = fetch(handle, device, opened.get())) return status;
+  std::lock_guard lock(mutex_);
+  if (opened_before()) {  // another thread opened it meanwhile: its mapping serves
+    opened->va.unmap(0, opened->va.size());
+    return CUDA_SUCCESS;
+  }
   *ptr = opened->block.base;
   by_key_.emplace(key, *ptr);
   opened_.emplace(*ptr, std::move(opened));
