@@ -862,7 +862,7 @@ CUresult VmmPool::export_allocation(CUdeviceptr ptr, Exported* out) {
   const Block& block = range->blocks[block_index(*range, ptr)];
   if (block.size == 0 || ptr >= block.base + block.size) return CUDA_ERROR_INVALID_VALUE;
   range->exported = true;
-  *out = Exported{block.base, block.size, block.base - range->va.base(), range->device, {}};
+  *out = Exported{block.base, block.size, block.base - range->va.base(), {}};
   for (const Piece* p : range->pieces) out->chunks.push_back({p->memory.handle(), p->memory.size()});
   return CUDA_SUCCESS;
 }

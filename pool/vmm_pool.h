@@ -142,7 +142,6 @@ class VmmPool {
     CUdeviceptr base = 0;    // the allocation's
     std::size_t size = 0;    // as requested
     std::size_t offset = 0;  // of `base` in the memory of `chunks`
-    int device = -1;
     std::vector<ChunkView> chunks;  // its range's, in address order
   };
   // The chunks behind the live allocation holding `ptr`, for another process
