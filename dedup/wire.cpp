@@ -1,13 +1,12 @@
 #include "dedup/wire.h"
 
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
+
+#include "ipc/fd_passing.h"
 
 namespace gmem::dedup::wire {
 
@@ -23,66 +22,15 @@ std::string default_socket_path() {
   return "/tmp/gmem-" + std::to_string(geteuid()) + "/dedup.sock";
 }
 
-void close_all(std::vector<int>& fds) {
-  for (int fd : fds) close(fd);
-  fds.clear();
-}
+void close_all(std::vector<int>& fds) { fds::close_all(fds); }
 
 bool send(int socket, const Message& m, const std::vector<int>& fds) {
-  if (fds.size() > max_chunks) return false;
-  iovec io{const_cast<Message*>(&m), sizeof m};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_chunks)] = {};
-  msghdr header{};
-  header.msg_iov = &io;
-  header.msg_iovlen = 1;
-  if (!fds.empty()) {
-    header.msg_control = control;
-    header.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&header);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ssize_t sent;
-  do {
-    sent = sendmsg(socket, &header, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
-  return sent == static_cast<ssize_t>(sizeof m);
+  return fds.size() <= max_chunks && fds::send(socket, &m, sizeof m, fds);
 }
 
 bool receive(int socket, Message* m, std::vector<int>* fds, int timeout_ms) {
-  fds->clear();
-  if (timeout_ms >= 0) {
-    pollfd p{socket, POLLIN, 0};
-    int ready;
-    do {
-      ready = poll(&p, 1, timeout_ms);
-    } while (ready < 0 && errno == EINTR);
-    if (ready <= 0) return false;
-  }
-  iovec io{m, sizeof *m};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_chunks)] = {};
-  msghdr header{};
-  header.msg_iov = &io;
-  header.msg_iovlen = 1;
-  header.msg_control = control;
-  header.msg_controllen = sizeof control;
-  ssize_t got;
-  do {
-    got = recvmsg(socket, &header, MSG_CMSG_CLOEXEC);
-  } while (got < 0 && errno == EINTR);
-  for (cmsghdr* c = CMSG_FIRSTHDR(&header); c; c = CMSG_NXTHDR(&header, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < n; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      fds->push_back(fd);
-    }
-  }
-  const bool ok = got == static_cast<ssize_t>(sizeof *m) && !(header.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-                  m->magic == magic && m->version == version && m->chunk_count <= max_chunks &&
+  if (!fds::receive(socket, m, sizeof *m, fds, timeout_ms)) return false;
+  const bool ok = m->magic == magic && m->version == version && m->chunk_count <= max_chunks &&
                   fds->size() == m->chunk_count;
   if (!ok) close_all(*fds);
   return ok;

@@ -13,6 +13,8 @@
 #include "gmem/internal/log.h"
 #include "interpose/driver_table.h"
 #include "interpose/gate.h"
+#include "ipc/exporter.h"
+#include "ipc/importer.h"
 #include "pool/report.h"
 
 namespace gmem {
@@ -86,6 +88,17 @@ void start_dedup(Runtime& rt) {
   rt.pool->observe_frees(rt.dedup);
 }
 
+// Any process under gmem opens gmem's handles; one with the VMM pool exports
+// its memory with them (told of frees after dedup, which may refuse one).
+void start_ipc(Runtime& rt) {
+  rt.ipc_importer = new ipc::Importer(rt.pool->driver());
+  rt.pool->describe_elsewhere(rt.ipc_importer);
+  if (rt.pool->vmm()) {
+    rt.ipc_exporter = new ipc::Exporter(rt.pool->driver(), *rt.pool->vmm());
+    rt.pool->observe_frees(rt.ipc_exporter);
+  }
+}
+
 void initialise() {
   auto* rt = new Runtime;
   ConfigResult parsed = parse_config(getenv("GMEM_CONF"));
@@ -120,6 +133,7 @@ void initialise() {
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
                                 rt->config.migrate_after_ms, moving ? &submissions : nullptr);
       if (rt->config.dedup) start_dedup(*rt);
+      start_ipc(*rt);
     }
   }
   the_runtime = rt;

@@ -11,12 +11,19 @@ namespace gmem {
 namespace dedup {
 class Client;
 }
+namespace ipc {
+class Exporter;
+class Importer;
+}
 
 struct Runtime {
   Config config;
   RealDriver real;
   pool::Pool* pool = nullptr;
   dedup::Client* dedup = nullptr;  // dedup:1 with pool:vmm
+  // CUDA IPC: pool memory exported (pool:vmm), gmem handles opened (any pool).
+  ipc::Exporter* ipc_exporter = nullptr;
+  ipc::Importer* ipc_importer = nullptr;
 };
 
 // Initialises on first use; never destroyed (the driver may be gone at exit).

@@ -170,10 +170,17 @@ CUresult Pool::alloc_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem
   return status;
 }
 
+CUresult Pool::before_free(CUdeviceptr ptr) {
+  for (FreeObserver* observer : free_observers_) {
+    if (CUresult refused = observer->before_free(ptr)) return refused;
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult Pool::free(CUdeviceptr dptr) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
-      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
+      if (CUresult refused = before_free(dptr)) return refused;
       if (std::optional<CUresult> status = vmm_->free(dptr)) return *status;
     }
     return driver_.cuMemFree_v2(dptr);
@@ -183,7 +190,7 @@ CUresult Pool::free(CUdeviceptr dptr) {
 CUresult Pool::free_async(CUdeviceptr dptr, CUstream stream, DefaultStream default_stream) {
   return free_tracked(allocations_, dptr, [&] {
     if (vmm_) {
-      if (CUresult refused = free_observer_ ? free_observer_->before_free(dptr) : CUDA_SUCCESS) return refused;
+      if (CUresult refused = before_free(dptr)) return refused;
       OrderedFree order{explicit_stream(stream, default_stream), stream_identity(stream, default_stream)};
       if (std::optional<CUresult> status = vmm_->free_async(dptr, order, capturing(stream, default_stream), quiet())) {
         return *status;
@@ -212,10 +219,15 @@ CUresult Pool::get_info(std::size_t* free, std::size_t* total) {
   return status;
 }
 
+std::optional<Block> Pool::find_block(CUdeviceptr ptr) const {
+  if (std::optional<Block> block = vmm_ ? vmm_->find(ptr) : std::nullopt) return block;
+  return elsewhere_ ? elsewhere_->find(ptr) : std::nullopt;
+}
+
 // The driver describes the pool's chunks, not the program's allocations: for
 // pool memory the pool answers.
 CUresult Pool::get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
-  if (std::optional<Block> block = vmm_ ? vmm_->find(dptr) : std::nullopt) {
+  if (std::optional<Block> block = find_block(dptr)) {
     if (block->size == 0) return CUDA_ERROR_NOT_FOUND;
     if (base) *base = block->base;
     if (size) *size = block->size;
@@ -250,6 +262,12 @@ std::optional<CUresult> Pool::block_attribute(const Block& block, CUpointer_attr
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
       return CUDA_ERROR_INVALID_VALUE;
+    // The pool's memory crosses with cuIpcGetMemHandle (ipc/), which the
+    // driver refuses for VMM memory.
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      if (!vmm_ || !vmm_->find(block.base)) return std::nullopt;
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
       // Stream-ordered allocations belong to the device's default pool.
       std::optional<Allocation> a = allocations_.find(block.base);
@@ -262,7 +280,7 @@ std::optional<CUresult> Pool::block_attribute(const Block& block, CUpointer_attr
 }
 
 CUresult Pool::pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  if (std::optional<Block> block = vmm_ && data ? vmm_->find(ptr) : std::nullopt) {
+  if (std::optional<Block> block = data ? find_block(ptr) : std::nullopt) {
     if (block->size == 0) return CUDA_ERROR_INVALID_VALUE;  // freed: unknown, as to the driver
     if (std::optional<CUresult> status = block_attribute(*block, attribute, data)) return *status;
   }
@@ -272,7 +290,7 @@ CUresult Pool::pointer_attribute(void* data, CUpointer_attribute attribute, CUde
 CUresult Pool::pointer_attributes(unsigned count, CUpointer_attribute* attributes, void** data,
                                   CUdeviceptr ptr) {
   CUresult status = driver_.cuPointerGetAttributes(count, attributes, data, ptr);
-  std::optional<Block> block = vmm_ && status == CUDA_SUCCESS ? vmm_->find(ptr) : std::nullopt;
+  std::optional<Block> block = status == CUDA_SUCCESS ? find_block(ptr) : std::nullopt;
   for (unsigned i = 0; block && i < count; ++i) {
     if (!data[i]) continue;
     if (block->size) {
@@ -304,7 +322,7 @@ CUresult Pool::release(CUmemGenericAllocationHandle handle) {
 CUresult Pool::retain_handle(CUmemGenericAllocationHandle* handle, void* address) {
   // Pool memory is cuMemAlloc memory to the program, which has no handle: the
   // pool's chunks are not the program's to export or unmap.
-  if (vmm_ && vmm_->find(reinterpret_cast<CUdeviceptr>(address))) return CUDA_ERROR_INVALID_VALUE;
+  if (find_block(reinterpret_cast<CUdeviceptr>(address))) return CUDA_ERROR_INVALID_VALUE;
   CUresult status = driver_.cuMemRetainAllocationHandle(handle, address);
   if (status == CUDA_SUCCESS) handles_.retain(*handle);
   return status;
@@ -387,7 +405,10 @@ void Pool::primary_context_released(CUdevice device) {
 
 void Pool::context_destroyed(CUcontext context) {
   allocations_.purge_context(context);
-  if (vmm_ && free_observer_) free_observer_->before_context_destroyed(context);
+  if (elsewhere_) elsewhere_->context_destroyed(context);
+  if (vmm_) {
+    for (FreeObserver* observer : free_observers_) observer->before_context_destroyed(context);
+  }
   if (vmm_) vmm_->forget_context(context);
 }
 

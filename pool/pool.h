@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "pool/mover.h"
 #include "pool/registry.h"
@@ -33,6 +34,21 @@ class FreeObserver {
 
  protected:
   ~FreeObserver() = default;
+};
+
+// Memory gmem maps that is not the pool's own (what CUDA IPC opened from
+// another process): the pool's pointer queries describe it as they describe
+// the pool's allocations.
+class MappedElsewhere {
+ public:
+  // The mapping holding `ptr` as a Block (base and size as the program sees
+  // them, its device and context); nullopt if none.
+  virtual std::optional<Block> find(CUdeviceptr ptr) const = 0;
+  // A destroyed context's mappings are gone, as the driver's would be.
+  virtual void context_destroyed(CUcontext context) = 0;
+
+ protected:
+  ~MappedElsewhere() = default;
 };
 
 class Pool {
@@ -107,7 +123,9 @@ class Pool {
   // What moves spilled memory back (null unless the pool may move it).
   Mover* mover() const { return mover_.get(); }
   const vmm::Driver& driver() const { return driver_; }
-  void observe_frees(FreeObserver* observer) { free_observer_ = observer; }
+  // Each is told in the order added; the first to refuse a free stops it.
+  void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }
+  void describe_elsewhere(MappedElsewhere* mapped) { elsewhere_ = mapped; }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -120,6 +138,10 @@ class Pool {
   // The mover moved these live allocations' memory: their placement is read again.
   void placement_moved(const std::vector<Block>& blocks);
   std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const;
+  // The pool's allocation holding `ptr` (size 0: a pool address none holds),
+  // or memory mapped elsewhere; nullopt: the driver's to describe.
+  std::optional<Block> find_block(CUdeviceptr ptr) const;
+  CUresult before_free(CUdeviceptr ptr);
   // While any stream captures, the pool neither queries events nor waits.
   bool quiet() const { return captures_.load(std::memory_order_relaxed) > 0; }
   // The device whose default memory pool `mempool` is; nullopt if none.
@@ -132,7 +154,8 @@ class Pool {
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first
-  FreeObserver* free_observer_ = nullptr;
+  std::vector<FreeObserver*> free_observers_;
+  MappedElsewhere* elsewhere_ = nullptr;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;

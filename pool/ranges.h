@@ -39,6 +39,7 @@ struct Range {
   // Dedup: the chunks of a copy shared with other processes, mapped
   // read-only instead of `pieces` (which stay held if they are the same memory).
   std::vector<vmm::Chunk> shared;
+  bool exported = false;  // CUDA IPC: other processes may map its chunks
   // Whole ranges, while free: the free that kernels may use its addresses
   // before (its chunks may serve others sooner, on the same stream).
   Pending last_free;

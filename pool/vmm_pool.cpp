@@ -263,6 +263,18 @@ void VmmPool::trim_locked(int device, std::size_t keep, bool spilled_too) {
   publish_free_figures(device);
 }
 
+CUresult VmmPool::export_allocation(CUdeviceptr ptr, Exported* out) {
+  std::lock_guard lock(mutex_);
+  Range* range = ranges_.find(ptr);
+  if (!range || !range->shared.empty()) return CUDA_ERROR_INVALID_VALUE;
+  const Block& block = range->blocks[range->block_index(ptr)];
+  if (block.size == 0 || ptr >= block.base + block.size) return CUDA_ERROR_INVALID_VALUE;
+  range->exported = true;
+  *out = Exported{block.base, block.size, block.base - range->va.base(), {}};
+  for (const Piece* p : range->pieces) out->chunks.push_back({p->memory.handle(), p->memory.size()});
+  return CUDA_SUCCESS;
+}
+
 void VmmPool::forget_context(CUcontext context) {
   std::lock_guard lock(mutex_);
   std::erase(contexts_, context);

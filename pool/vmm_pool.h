@@ -101,6 +101,19 @@ class VmmPool {
   // reference). On failure nothing changed.
   CUresult make_private(CUdeviceptr base, bool copy);
 
+  // ---- CUDA IPC (ipc/): memory another process maps. ----
+  struct Exported {
+    CUdeviceptr base = 0;    // the allocation's
+    std::size_t size = 0;    // as requested
+    std::size_t offset = 0;  // of `base` in the memory of `chunks`
+    std::vector<ChunkView> chunks;  // its range's, in address order
+  };
+  // The chunks behind the live allocation holding `ptr`, for another process
+  // to map: from now on neither move_back nor dedup remaps its range (the
+  // other process maps those chunks, not the range). CUDA_ERROR_INVALID_VALUE
+  // where `ptr` is in no live allocation, or in one dedup maps on shared memory.
+  CUresult export_allocation(CUdeviceptr ptr, Exported* out);
+
   // ---- Moving spilled memory back (pool/mover.h, vmm_pool_move.cpp). ----
   // Told of every allocation served with spilled memory (set once, before use).
   void observe_spills(SpillObserver* observer) { spill_observer_ = observer; }

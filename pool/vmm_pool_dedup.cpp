@@ -9,7 +9,9 @@ namespace gmem::pool {
 
 Range* VmmPool::live_whole_range(CUdeviceptr base) const {
   Range* range = ranges_.at(base);
-  if (!range || range->class_size || range->blocks.size() != 1 || range->blocks[0].size == 0) return nullptr;
+  if (!range || range->class_size || range->blocks.size() != 1 || range->blocks[0].size == 0 || range->exported) {
+    return nullptr;
+  }
   return range;
 }
 

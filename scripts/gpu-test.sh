@@ -289,10 +289,44 @@ dedup_merge() {
   rm -rf "$dir"
   return "$rc"
 }
+# CUDA IPC on pool memory: cuda-samples simpleIPC (legacy cudaIpc*MemHandle),
+# memMapIPCDrv (VMM memory shared as POSIX fds) and streamOrderedAllocationIPC
+# (a stream-ordered pool's POSIX fds), each natively and under the shim's VMM
+# pool. The samples are not part of the repository: built by hand for sm_90
+# into .carry/samples/ (which scripts/pack-gpu.sh keeps); skipped if absent.
+ipc_samples() {
+  local dir=$carry/samples name packed=0 rc=0 log
+  for name in simpleIPC memMapIPCDrv streamOrderedAllocationIPC; do
+    [ -x "$dir/$name" ] || { echo "$name: not in .carry/samples/, skipped"; continue; }
+    packed=1
+    echo "== $name, native"
+    (cd "$dir" && "./$name") || { echo "$name, native: FAIL"; rc=1; }
+    echo "== $name, gmem pool:vmm"
+    log=$(cd "$dir" && LD_PRELOAD="$shim" GMEM_CONF=pool:vmm,report:1 "./$name" 2>&1) || { echo "$name, gmem: FAIL"; rc=1; }
+    echo "$log"
+    grep -q 'gmem: report' <<<"$log" || { echo "$name: no gmem report: the shim did not serve it"; rc=1; }
+  done
+  [ "$packed" = 1 ] || return 77
+  return "$rc"
+}
+# torch.multiprocessing sharing CUDA tensors of the default allocator both
+# ways (tests/gpu/ipc_torch.py), natively and under the shim's VMM pool.
+ipc_torch() {
+  local log rc=0
+  echo "== native"
+  python3 tests/gpu/ipc_torch.py || rc=1
+  echo "== gmem pool:vmm"
+  log=$(env -u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD="$shim" GMEM_CONF=pool:vmm,report:1 python3 tests/gpu/ipc_torch.py 2>&1) ||
+    rc=1
+  echo "$log"
+  [ "$(grep -Ec 'gmem: report total +allocs=[1-9]' <<<"$log")" -ge 2 ] ||
+    { echo "expected gmem reports with allocations from both processes"; rc=1; }
+  return "$rc"
+}
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
 export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver \
-  spill_check dedup_merge
+  spill_check dedup_merge ipc_samples ipc_torch
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
@@ -320,6 +354,9 @@ step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budge
 sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
 step sanitizer-real 180 "${sanitizer[@]}" "$conformance"
 step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" "$conformance"
+
+step ipc-samples 180 ipc_samples
+step ipc-torch 180 ipc_torch
 
 step driver-job 60 job_matches "$carry/driver-job" "$carry/driver-job-dlopen"
 step lazy 30 "${preload[@]}" "$carry/lazy-probe"

@@ -2,13 +2,16 @@
 # Copies what the GPU suite needs from a meson build into .carry/ (git-ignored),
 # which travels to the GPU machine with the working tree: the shim, the test
 # programs that were built, and the benchmarks (into .carry/bench/). Strips each
-# copy where that makes it smaller, and prints the sizes.
+# copy where that makes it smaller, and prints the sizes. Keeps .carry/samples/
+# (cuda-samples built by hand; scripts/gpu-test.sh ipc-samples runs them).
 #   scripts/pack-gpu.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 [ -f "$build/interpose/libcuda.so.1" ] || { echo "pack-gpu: build $build first (ninja -C $build)" >&2; exit 1; }
-rm -rf .carry
+# Everything but .carry/samples/: programs built there by hand from
+# NVIDIA/cuda-samples (not part of the repository) for the ipc-samples step.
+find .carry -mindepth 1 -maxdepth 1 ! -name samples -exec rm -rf {} + 2>/dev/null || true
 mkdir -p .carry/bench
 
 # pack FILE DEST_DIR: copies FILE, stripped if that saves space.

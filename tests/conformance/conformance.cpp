@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "ipc_peer.h"
 
 namespace {
 
@@ -539,6 +539,11 @@ TEST_F(Driver, ProcAddressFollowsVersionAndFlags) {
       {"cuMemFreeAsync", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemFreeAsync_ptsz"},
       {"cuMemGetInfo", 13000, 0, "cuMemGetInfo_v2"},
       {"cuMemcpyHtoD", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemcpyHtoD_v2_ptds"},
+      // CUDA IPC: both ABIs of the open (the shim hooks both).
+      {"cuIpcOpenMemHandle", 11000, 0, "cuIpcOpenMemHandle_v2"},
+      {"cuIpcOpenMemHandle", 4010, 0, "cuIpcOpenMemHandle"},
+      {"cuIpcGetMemHandle", 13000, 0, "cuIpcGetMemHandle"},
+      {"cuIpcCloseMemHandle", 13000, 0, "cuIpcCloseMemHandle"},
   };
   // Both ABIs of cuGetProcAddress: this CUDA 12 one and the CUDA 11.3 one.
   using Legacy = CUresult (*)(const char*, void**, int, cuuint64_t);
@@ -885,6 +890,7 @@ TEST_F(Vmm, ExportedFdImportsInAnotherProcess) {
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--import-child") == 0) return child_main(3);
   if (argc == 2 && std::strcmp(argv[1], "--before-init") == 0) return before_init_main();
+  if (argc == 2 && std::strcmp(argv[1], "--ipc-peer") == 0) return ipc_peer::serve(3);
   testing::InitGoogleTest(&argc, argv);
   // No device is a skip (meson: 77), never a pass. (A libcuda.so.1 that cannot
   // be loaded stops the program before main, with the loader's 127: a failure.)

@@ -162,3 +162,56 @@ TEST_F(PoolShared, AFailedRemapChangesNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+// CUDA IPC (ipc/): an exported allocation keeps the chunks another process
+// maps, so dedup neither offers nor remaps it; memory dedup maps read-only is
+// not exported.
+TEST_F(PoolShared, ExportedMemoryIsNeverRemappedAndSharedMemoryIsNotExported) {
+  Block b = allocate(6 * mib, 5);
+  VmmPool::Exported x;
+  ASSERT_EQ(pool_->export_allocation(b.base + 4096, &x), CUDA_SUCCESS);  // any address in it
+  EXPECT_EQ(x.base, b.base);
+  EXPECT_EQ(x.size, 6 * mib);
+  EXPECT_EQ(x.offset, 0u);
+  std::size_t total = 0;
+  std::vector<Chunk> again;
+  for (const auto& v : x.chunks) {
+    total += v.size;
+    int fd = -1;
+    ASSERT_EQ(gmem::vmm::export_fd(d_, v.handle, &fd), CUDA_SUCCESS);
+    Chunk c;
+    ASSERT_EQ(Chunk::import(d_, fd, v.size, &c), CUDA_SUCCESS);
+    close(fd);
+    again.push_back(std::move(c));
+  }
+  EXPECT_EQ(total, 6 * mib);
+  std::vector<VmmPool::ChunkView> views;
+  std::size_t range = 0;
+  int device = -1;
+  EXPECT_EQ(pool_->whole_range_chunks(b.base, &views, &range, &device), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(pool_->adopt_shared(b.base, std::move(again), true), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(pool_->make_private(b.base, true), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(access(b.base), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_TRUE(holds(b, 5));
+
+  // A small allocation: its slab's chunks, and where in them it starts.
+  Block first = allocate(64 << 10, 6), second = allocate(64 << 10, 7);
+  VmmPool::Exported one, two;
+  ASSERT_EQ(pool_->export_allocation(first.base, &one), CUDA_SUCCESS);
+  ASSERT_EQ(pool_->export_allocation(second.base, &two), CUDA_SUCCESS);
+  EXPECT_EQ(two.base, second.base);
+  EXPECT_EQ(two.size, std::size_t{64 << 10});
+  ASSERT_EQ(one.chunks.size(), two.chunks.size());
+  EXPECT_EQ(one.chunks[0].handle, two.chunks[0].handle);  // one slab
+  EXPECT_EQ(two.offset - one.offset, second.base - first.base);
+
+  Block shared = allocate(6 * mib, 8);
+  ASSERT_EQ(pool_->adopt_shared(shared.base, imported(shared), true), CUDA_SUCCESS);
+  EXPECT_EQ(pool_->export_allocation(shared.base, &x), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(pool_->make_private(shared.base, false), CUDA_SUCCESS);
+  for (const Block& freed : {b, first, second, shared}) EXPECT_EQ(pool_->free(freed.base), CUDA_SUCCESS);
+}
+
+}  // namespace

@@ -51,6 +51,13 @@ struct Allocation {
   Kind kind = Kind::device;
   MemPool* pool = nullptr;  // stream-ordered allocations
   unsigned long long id = 0;
+  // Legacy CUDA IPC (ipc.cpp): exported, its pages are this memfd's, shared
+  // with the importers; opened, the exporter's pid and buffer id, with the
+  // references of cuIpcOpenMemHandle calls not yet closed.
+  int ipc_fd = -1;
+  int ipc_from = 0;
+  unsigned long long ipc_id = 0;
+  int ipc_references = 0;
 };
 
 struct Physical {
@@ -178,6 +185,8 @@ bool device_address(CUdeviceptr ptr);
 void drop_context(Context* context);
 // Frees one allocation (its memory and its charge); the iterator dies.
 void drop_allocation(std::map<CUdeviceptr, Allocation>::iterator it);
+// An exported or opened allocation's pages private again (before they go back).
+void unshare_ipc_pages(const Allocation& a, CUdeviceptr start);
 
 // Stream-ordered pools.
 MemPool* find_pool(CUmemoryPool pool);

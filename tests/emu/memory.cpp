@@ -25,9 +25,10 @@ void drop_allocation(std::map<CUdeviceptr, Allocation>::iterator it) {
   void* start = reinterpret_cast<void*>(it->first);
   if (a.pool) {
     a.pool->used -= a.size;  // its reserve stays with the pool until trimmed
-  } else if (a.kind != Kind::host) {
+  } else if (a.kind != Kind::host && !a.ipc_from) {  // opened memory is the exporter's
     refund(a.device, a.size);
   }
+  unshare_ipc_pages(a, it->first);
   if (a.footprint) {
     give_device_range(start, a.footprint);
   } else {
@@ -69,7 +70,10 @@ CUresult release(CUdeviceptr dptr, bool host, const char* caller = __builtin_FUN
   State& s = state();
   std::lock_guard lock(s.mutex);
   auto it = s.allocations.find(dptr);
-  if (it == s.allocations.end() || (it->second.kind == Kind::host) != host) return CUDA_ERROR_INVALID_VALUE;
+  // Memory opened with cuIpcOpenMemHandle goes with cuIpcCloseMemHandle only.
+  if (it == s.allocations.end() || (it->second.kind == Kind::host) != host || it->second.ipc_from) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   drop_allocation(it);
   return CUDA_SUCCESS;
 }

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "../conformance/ipc_peer.h"
 #include "gmem/stats.h"
 #include "own_stats.h"
 
@@ -299,6 +300,40 @@ TEST_F(Spill, SlabsAndStreamOrderedAllocationsSpill) {
   EXPECT_EQ(stats.placement(ordered).tier, GMEM_TIER_HOST);
   ASSERT_EQ(cuMemFreeAsync(ordered, nullptr), CUDA_SUCCESS);
   ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+// CUDA IPC of an allocation that spans the device, the peer and the host: the
+// other process maps the same chunks, wherever they are, and each sees the
+// other's writes.
+TEST_F(Spill, SpilledMemoryCrossesToAnotherProcess) {
+  alloc(40 * mib);
+  CUdeviceptr b = alloc(60 * mib);
+  ASSERT_EQ(driver_memory_type(b + 59 * mib), CU_MEMORYTYPE_HOST);
+  fill(b, 60 * mib, 80);
+  CUipcMemHandle handle{};
+  ASSERT_EQ(cuIpcGetMemHandle(&handle, b), CUDA_SUCCESS);
+  // The other process with this one's configuration, then with the driver's
+  // allocator (pool:driver): any process under gmem opens gmem's handles.
+  const std::string conf = getenv("GMEM_CONF");
+  for (const char* theirs : {conf.c_str(), "pool:driver,stats:0"}) {
+    SCOPED_TRACE(theirs);
+    setenv("GMEM_CONF", theirs, 1);
+    ipc_peer::Peer peer;
+    setenv("GMEM_CONF", conf.c_str(), 1);
+    ipc_peer::Answer opened = peer.open(handle);
+    ASSERT_EQ(opened.result, CUDA_SUCCESS);
+    EXPECT_EQ(peer.check(opened.ptr, 60 * mib, 80), 0);
+    // Device memory to the other process too, with the allocation's bounds.
+    EXPECT_EQ(peer.memory_type(opened.ptr + 59 * mib).bytes, CU_MEMORYTYPE_DEVICE);
+    ipc_peer::Answer range = peer.range(opened.ptr + 50 * mib);
+    EXPECT_EQ(range.ptr, opened.ptr);
+    EXPECT_EQ(range.bytes, 60 * mib);
+    EXPECT_EQ(peer.fill(opened.ptr, 60 * mib, 81), CUDA_SUCCESS);
+    check(b, 60 * mib, 81);
+    EXPECT_EQ(peer.close_handle(opened.ptr), CUDA_SUCCESS);
+    EXPECT_EQ(peer.finish(), 0);
+    fill(b, 60 * mib, 80);
+  }
 }
 
 // Runs this program again as `mode`; returns its exit status, or -1.
@@ -703,9 +738,32 @@ TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
   EXPECT_TRUE(on_device_0(b + 39 * mib));
 }
 
+// Memory another process maps over CUDA IPC stays where it is: that process
+// maps its chunks, which a move would leave behind.
+TEST_F(Move, ExportedMemoryStaysWhereItIs) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);  // 24 on the device, 16 in the tier
+  fill(b, 40 * mib, 90);
+  CUipcMemHandle handle{};
+  ASSERT_EQ(cuIpcGetMemHandle(&handle, b), CUDA_SUCCESS);
+  ipc_peer::Peer peer;
+  ipc_peer::Answer opened = peer.open(handle);
+  ASSERT_EQ(opened.result, CUDA_SUCCESS);
+  const uint64_t before = moved_back();
+  free(a);
+  // The wait in which an allocation not exported moves (LiveSpilledMemoryMovesBackOnceTheDeviceHasRoom).
+  EXPECT_FALSE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
+  EXPECT_FALSE(on_device_0(b + 39 * mib));
+  EXPECT_EQ(peer.fill(opened.ptr, 40 * mib, 91), CUDA_SUCCESS);
+  check(b, 40 * mib, 91);
+  EXPECT_EQ(peer.close_handle(opened.ptr), CUDA_SUCCESS);
+  EXPECT_EQ(peer.finish(), 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--ipc-peer") == 0) return ipc_peer::serve(3);
   if (argc == 2 && std::strcmp(argv[1], "--spill-and-exit") == 0) {
     stats_dir = getenv("GMEM_TIERS_STATS_DIR");
     return spill_and_exit_main();
