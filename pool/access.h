@@ -1,0 +1,146 @@
+// What kernel launches touch: a table of the pool's ranges that any thread may
+// look an address up in without a lock, and per range, how many launches
+// referenced it and how many of its off-device bytes those launches could
+// have pulled across PCIe / NVLink. The launch hooks (interpose/) feed it; the
+// pool reads and resets the figures to place memory by use.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "pool/publisher.h"
+
+namespace gmem::pool {
+
+// One mapped pool range. Records are owned by their AccessTable and live as
+// long as it does: a record removed while a launch still counts into it is
+// reused later, never freed, so a reader never holds a dangling one (at worst
+// a count lands on the range that reuses it: the figures are estimates).
+class AccessRecord {
+ public:
+  struct Figures {
+    uint64_t launches = 0;  // launches whose parameters held an address in the range
+    // For each of those launches, the range's bytes in host or peer memory at
+    // the time: an upper estimate of the bytes the launch moved over PCIe or
+    // NVLink (a kernel may read less of the range than it holds, or read it
+    // more than once).
+    uint64_t bytes = 0;
+    bool operator==(const Figures&) const = default;
+  };
+
+  CUdeviceptr base() const { return base_.load(std::memory_order_relaxed); }
+  std::size_t size() const { return size_.load(std::memory_order_relaxed); }
+  int device() const { return device_.load(std::memory_order_relaxed); }
+  // The range's bytes in pinned host memory and in a peer GPU's memory now.
+  std::size_t host_bytes() const { return std::size_t(host_.load(std::memory_order_relaxed)); }
+  std::size_t peer_bytes() const { return std::size_t(peer_.load(std::memory_order_relaxed)); }
+
+  // The figures since the range was mapped or last reset.
+  Figures figures() const;
+  // The figures, reset to zero at once (no launch is lost between the two).
+  Figures take();
+  void reset() { take(); }
+
+  // Part of the range moved between tiers (the tiers tell: pool/tiers.h).
+  void placed(int64_t host_delta, int64_t peer_delta);
+
+ private:
+  friend class AccessTable;
+  friend class LaunchReferences;
+  // Atomics throughout: a record may be reused while a launch reads it.
+  std::atomic<CUdeviceptr> base_{0};
+  std::atomic<std::size_t> size_{0};
+  std::atomic<int> device_{-1};
+  std::atomic<int64_t> host_{0}, peer_{0};
+  std::atomic<uint64_t> launches_{0}, bytes_{0};
+  uint32_t id_ = 0;  // dense, for LaunchReferences' per-thread marks
+};
+
+// Pool ranges by address, at 2 MiB granularity (the allocation granularity of
+// every tier: a range's base and size are multiples of it, so each 2 MiB slot
+// belongs to one range at most). Two levels of atomic pointers indexed by the
+// address's bits 21..46 (the user address space): a lookup is two loads.
+// add() and remove() run under the pool's lock (and take one of their own for
+// the table's storage); find() runs in any thread without one.
+class AccessTable {
+ public:
+  static constexpr unsigned slot_bits = 21;
+  static constexpr unsigned address_bits = 47;
+  static constexpr unsigned leaf_bits = 14;
+  static constexpr unsigned top_bits = address_bits - slot_bits - leaf_bits;
+
+  AccessTable();
+  ~AccessTable();
+  AccessTable(const AccessTable&) = delete;
+  AccessTable& operator=(const AccessTable&) = delete;
+
+  // A range was mapped on `device` with these bytes in host and peer memory:
+  // its record, figures zero; null (not tracked) where the range is not
+  // slot-aligned or beyond the user address space.
+  AccessRecord* add(CUdeviceptr base, std::size_t size, int device, std::size_t host_bytes, std::size_t peer_bytes);
+  // The range at `base` goes (before it is unmapped); its record is reused later.
+  void remove(CUdeviceptr base, std::size_t size);
+
+  // The record of the range holding `address`; null if none. Lock-free.
+  AccessRecord* find(CUdeviceptr address) const {
+    const uint64_t slot = address >> slot_bits;
+    if (slot >> (top_bits + leaf_bits)) return nullptr;
+    const Leaf* leaf = top_[slot >> leaf_bits].load(std::memory_order_acquire);
+    return leaf ? (*leaf)[slot & (leaf_size - 1)].load(std::memory_order_acquire) : nullptr;
+  }
+
+  // Records ever made (ids run from 0 to this, less one).
+  uint32_t records() const { return made_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr std::size_t leaf_size = std::size_t(1) << leaf_bits;
+  using Leaf = std::array<std::atomic<AccessRecord*>, leaf_size>;
+  static constexpr std::size_t slot_bytes = std::size_t(1) << slot_bits;
+
+  std::atomic<AccessRecord*>* slot(uint64_t index, bool make);
+
+  std::unique_ptr<std::atomic<Leaf*>[]> top_;
+  std::mutex mutex_;                    // storage: leaves, records, the free list
+  std::vector<std::unique_ptr<Leaf>> leaves_;
+  std::deque<AccessRecord> storage_;    // stable addresses
+  std::vector<AccessRecord*> free_;
+  std::atomic<uint32_t> made_{0};
+};
+
+// The references of one launch, counted once per range: fed every aligned
+// 8-byte word of the launch's parameters, then finished. One per launch, on
+// the launching thread's stack.
+class LaunchReferences {
+ public:
+  explicit LaunchReferences(const AccessTable& table);
+  // One parameter word: a reference if it is an address inside a pool range.
+  void word(uint64_t value) {
+    if (AccessRecord* record = table_.find(value)) reference(*record);
+  }
+  // Counts the launch on the devices it referenced (GMEM_STAT_access_launches,
+  // host_access_bytes, peer_access_bytes); `publisher` may be null.
+  void finish(Publisher* publisher);
+
+  uint64_t ranges() const { return ranges_; }
+
+ private:
+  void reference(AccessRecord& record);
+
+  const AccessTable& table_;
+  uint32_t mark_;               // this launch's mark in the thread's marks
+  uint32_t* marks_;             // per record id: the mark of the last launch that counted it
+  uint64_t ranges_ = 0;
+  uint32_t devices_ = 0;        // bit per device referenced
+  uint64_t host_[GMEM_STATS_MAX_DEVICES];
+  uint64_t peer_[GMEM_STATS_MAX_DEVICES];
+};
+
+}  // namespace gmem::pool
