@@ -1,15 +1,21 @@
-// The access table's storage (add, remove, recycled records) and the counting
-// of one launch's references.
+// The access table's storage (add, remove, recycled records, the threads'
+// counts) and the counting of one launch's references.
 #include "pool/access.h"
 
 namespace gmem::pool {
 
 AccessRecord::Figures AccessRecord::figures() const {
-  return {launches_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed)};
+  std::lock_guard lock(table_->mutex_);
+  const Figures now = table_->sums(id_);
+  return {now.launches - taken_.launches, now.bytes - taken_.bytes};
 }
 
 AccessRecord::Figures AccessRecord::take() {
-  return {launches_.exchange(0, std::memory_order_relaxed), bytes_.exchange(0, std::memory_order_relaxed)};
+  std::lock_guard lock(table_->mutex_);
+  const Figures now = table_->sums(id_);
+  const Figures out{now.launches - taken_.launches, now.bytes - taken_.bytes};
+  taken_ = now;
+  return out;
 }
 
 void AccessRecord::placed(int64_t host_delta, int64_t peer_delta) {
@@ -17,9 +23,59 @@ void AccessRecord::placed(int64_t host_delta, int64_t peer_delta) {
   if (peer_delta) peer_.fetch_add(peer_delta, std::memory_order_relaxed);
 }
 
-AccessTable::AccessTable() : top_(new std::atomic<Leaf*>[std::size_t(1) << top_bits]()) {}
+namespace {
+
+std::atomic<uint64_t> tables_made{0};
+
+// The calling thread's counts of the table it last launched against.
+struct ThreadCache {
+  uint64_t table = 0;  // its serial
+  AccessTable::ThreadCounts* counts = nullptr;
+};
+thread_local ThreadCache thread_cache;
+
+}  // namespace
+
+AccessTable::AccessTable()
+    : top_(new std::atomic<Leaf*>[std::size_t(1) << top_bits]()), serial_(tables_made.fetch_add(1) + 1) {}
 
 AccessTable::~AccessTable() = default;
+
+AccessTable::ThreadCounts::~ThreadCounts() {
+  for (auto& page : pages) delete[] page.load(std::memory_order_relaxed);
+}
+
+AccessTable::Counts& AccessTable::ThreadCounts::at(uint32_t id) {
+  std::atomic<Counts*>& page = pages[id >> page_bits];
+  Counts* counts = page.load(std::memory_order_relaxed);
+  if (!counts) {
+    counts = new Counts[std::size_t(1) << page_bits];
+    page.store(counts, std::memory_order_release);  // the pool may sum it from now on
+  }
+  return counts[id & ((1u << page_bits) - 1)];
+}
+
+AccessTable::ThreadCounts& AccessTable::thread_counts() {
+  ThreadCache& cache = thread_cache;
+  if (cache.table != serial_) {
+    std::lock_guard lock(mutex_);
+    cache.counts = threads_.emplace_back(std::make_unique<ThreadCounts>()).get();
+    cache.table = serial_;
+  }
+  return *cache.counts;
+}
+
+AccessRecord::Figures AccessTable::sums(uint32_t id) const {
+  AccessRecord::Figures out;
+  for (const auto& thread : threads_) {
+    const Counts* page = thread->pages[id >> page_bits].load(std::memory_order_acquire);
+    if (!page) continue;
+    const Counts& c = page[id & ((1u << page_bits) - 1)];
+    out.launches += c.launches.load(std::memory_order_relaxed);
+    out.bytes += c.bytes.load(std::memory_order_relaxed);
+  }
+  return out;
+}
 
 std::atomic<AccessRecord*>* AccessTable::slot(uint64_t index, bool make) {
   std::atomic<Leaf*>& entry = top_[index >> leaf_bits];
@@ -39,7 +95,9 @@ AccessRecord* AccessTable::add(CUdeviceptr base, std::size_t size, int device, s
   std::lock_guard lock(mutex_);
   AccessRecord* record;
   if (free_.empty()) {
+    if (made_.load(std::memory_order_relaxed) == max_records) return nullptr;
     record = &storage_.emplace_back();
+    record->table_ = this;
     record->id_ = made_.load(std::memory_order_relaxed);
     made_.store(record->id_ + 1, std::memory_order_release);
   } else {
@@ -51,7 +109,7 @@ AccessRecord* AccessTable::add(CUdeviceptr base, std::size_t size, int device, s
   record->device_.store(device, std::memory_order_relaxed);
   record->host_.store(int64_t(host_bytes), std::memory_order_relaxed);
   record->peer_.store(int64_t(peer_bytes), std::memory_order_relaxed);
-  record->take();
+  record->taken_ = sums(record->id_);  // what its last range's launches counted is not this one's
   // Published by the release stores: a reader that finds it sees it filled.
   for (uint64_t s = base >> slot_bits, end = (base + size) >> slot_bits; s < end; ++s) {
     slot(s, true)->store(record, std::memory_order_release);
@@ -71,40 +129,28 @@ void AccessTable::remove(CUdeviceptr base, std::size_t size) {
   if (record) free_.push_back(record);
 }
 
-namespace {
-
-// Per thread: for each record id, the mark of the last launch that counted it;
-// each launch takes a new mark, so nothing is cleared between launches.
-struct Marks {
-  std::vector<uint32_t> of_record;
-  uint32_t last = 0;
-};
-thread_local Marks marks;
-
-}  // namespace
-
-LaunchReferences::LaunchReferences(const AccessTable& table) : table_(table) {
-  if (++marks.last == 0) {  // wrapped: old marks could equal new ones
-    std::fill(marks.of_record.begin(), marks.of_record.end(), 0);
-    marks.last = 1;
+// Each launch takes a new mark, so no mark is cleared between launches.
+LaunchReferences::LaunchReferences(AccessTable& table) : table_(table), counts_(table.thread_counts()) {
+  if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones
+    for (auto& page : counts_.pages) {
+      if (AccessTable::Counts* counts = page.load(std::memory_order_relaxed)) {
+        for (uint32_t i = 0; i < (1u << AccessTable::page_bits); ++i) counts[i].mark = 0;
+      }
+    }
+    counts_.mark = 1;
   }
-  mark_ = marks.last;
-  if (marks.of_record.size() < table.records()) marks.of_record.resize(table.records() + 64);
-  marks_ = marks.of_record.data();
+  mark_ = counts_.mark;
 }
 
+// Only this thread writes its counts: a load and a store, no locked instruction.
 void LaunchReferences::reference(AccessRecord& record) {
-  const uint32_t id = record.id_;
-  if (id >= marks.of_record.size()) {  // made since the launch began
-    marks.of_record.resize(table_.records() + 64);
-    marks_ = marks.of_record.data();
-  }
-  if (marks_[id] == mark_) return;
-  marks_[id] = mark_;
+  AccessTable::Counts& counts = counts_.at(record.id_);
+  if (counts.mark == mark_) return;
+  counts.mark = mark_;
   ++ranges_;
-  record.launches_.fetch_add(1, std::memory_order_relaxed);
+  counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
-  if (host + peer) record.bytes_.fetch_add(host + peer, std::memory_order_relaxed);
+  if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
   const int device = record.device();
   if (device < 0 || device >= GMEM_STATS_MAX_DEVICES) return;
   const uint32_t bit = 1u << device;

@@ -20,10 +20,16 @@
 
 namespace gmem::pool {
 
+class AccessTable;
+
 // One mapped pool range. Records are owned by their AccessTable and live as
 // long as it does: a record removed while a launch still counts into it is
 // reused later, never freed, so a reader never holds a dangling one (at worst
 // a count lands on the range that reuses it: the figures are estimates).
+//
+// Its counts live with the launching threads (AccessTable::ThreadCounts):
+// a launch writes only its own thread's memory, with no locked instruction,
+// and the figures are the sum over the threads, less what was taken before.
 class AccessRecord {
  public:
   struct Figures {
@@ -43,7 +49,8 @@ class AccessRecord {
   std::size_t host_bytes() const { return std::size_t(host_.load(std::memory_order_relaxed)); }
   std::size_t peer_bytes() const { return std::size_t(peer_.load(std::memory_order_relaxed)); }
 
-  // The figures since the range was mapped or last reset.
+  // The figures since the range was mapped or last reset (a sum over the
+  // launching threads: for the pool, not for every launch).
   Figures figures() const;
   // The figures, reset to zero at once (no launch is lost between the two).
   Figures take();
@@ -60,8 +67,9 @@ class AccessRecord {
   std::atomic<std::size_t> size_{0};
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
-  std::atomic<uint64_t> launches_{0}, bytes_{0};
-  uint32_t id_ = 0;  // dense, for LaunchReferences' per-thread marks
+  AccessTable* table_ = nullptr;
+  uint32_t id_ = 0;  // dense: the index of its counts in each thread's
+  Figures taken_;    // the sums when last taken (under the table's mutex)
 };
 
 // Pool ranges by address, at 2 MiB granularity (the allocation granularity of
@@ -100,7 +108,30 @@ class AccessTable {
   // Records ever made (ids run from 0 to this, less one).
   uint32_t records() const { return made_.load(std::memory_order_acquire); }
 
+  // The most records a table makes; add() tracks no more ranges at once.
+  static constexpr unsigned page_bits = 10, page_count = 1024;
+  static constexpr uint32_t max_records = page_count << page_bits;
+
+  // One launching thread's counts, by record id, in pages made as needed.
+  // Only that thread writes them (plain stores of atomics: no locked
+  // instruction); the pool reads them. Kept until the table goes.
+  struct Counts {
+    std::atomic<uint64_t> launches{0}, bytes{0};
+    uint32_t mark = 0;  // the owner's only: the last launch that counted this record
+  };
+  struct ThreadCounts {
+    std::array<std::atomic<Counts*>, page_count> pages{};
+    uint32_t mark = 0;  // the owner's latest launch
+    ~ThreadCounts();
+    Counts& at(uint32_t id);  // the owner only
+  };
+  // The calling thread's counts (registered at its first launch).
+  ThreadCounts& thread_counts();
+
  private:
+  friend class AccessRecord;
+  // The sums of the threads' counts of record `id`; under mutex_.
+  AccessRecord::Figures sums(uint32_t id) const;
   static constexpr std::size_t leaf_size = std::size_t(1) << leaf_bits;
   using Leaf = std::array<std::atomic<AccessRecord*>, leaf_size>;
   static constexpr std::size_t slot_bytes = std::size_t(1) << slot_bits;
@@ -108,7 +139,9 @@ class AccessTable {
   std::atomic<AccessRecord*>* slot(uint64_t index, bool make);
 
   std::unique_ptr<std::atomic<Leaf*>[]> top_;
-  std::mutex mutex_;                    // storage: leaves, records, the free list
+  const uint64_t serial_;               // tells tables apart for the threads' caches
+  mutable std::mutex mutex_;            // storage: leaves, records, the free list, the threads
+  std::vector<std::unique_ptr<ThreadCounts>> threads_;
   std::vector<std::unique_ptr<Leaf>> leaves_;
   std::deque<AccessRecord> storage_;    // stable addresses
   std::vector<AccessRecord*> free_;
@@ -120,7 +153,7 @@ class AccessTable {
 // the launching thread's stack.
 class LaunchReferences {
  public:
-  explicit LaunchReferences(const AccessTable& table);
+  explicit LaunchReferences(AccessTable& table);
   // One parameter word: a reference if it is an address inside a pool range.
   void word(uint64_t value) {
     if (AccessRecord* record = table_.find(value)) reference(*record);
@@ -135,8 +168,8 @@ class LaunchReferences {
   void reference(AccessRecord& record);
 
   const AccessTable& table_;
-  uint32_t mark_;               // this launch's mark in the thread's marks
-  uint32_t* marks_;             // per record id: the mark of the last launch that counted it
+  AccessTable::ThreadCounts& counts_;
+  uint32_t mark_;  // this launch's
   uint64_t ranges_ = 0;
   uint32_t devices_ = 0;        // bit per device referenced
   uint64_t host_[GMEM_STATS_MAX_DEVICES];

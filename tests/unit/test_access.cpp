@@ -125,7 +125,7 @@ TEST(AccessTable, LookupsRaceRemovalsSafely) {
       }
     });
   }
-  for (int round = 0; round < 20000; ++round) {
+  for (int round = 0; round < 20000 || found.load() < 10000; ++round) {
     const int i = round % ranges;
     table.add(base + i * 4 * mib, 4 * mib, 0, mib, 0);
     if (round >= ranges / 2) {
