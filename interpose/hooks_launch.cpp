@@ -1,10 +1,13 @@
-// Kernel launches. Each passes the submission gate (interpose/gate.h) as the
-// generated trampolines of the other submitting calls do; with pool:vmm and
-// track_access, once the driver has taken the launch, every aligned 8-byte word
-// of its parameters is looked up in the pool's ranges (pool/access.h): what
-// each launch touches, known without a fault. The parameter layout comes from
-// cuFuncGetParamInfo (cuKernelGetParamInfo for a library's CUkernel), once per
-// function; the `extra` form carries its parameter buffer whole.
+// Kernel and graph launches. Each passes the submission gate
+// (interpose/gate.h) as the generated trampolines of the other submitting
+// calls do; with pool:vmm and track_access, once the driver has taken the
+// launch, every aligned 8-byte word of its parameters is looked up in the
+// pool's ranges (pool/access.h): what each launch touches, known without a
+// fault. The parameter layout comes from cuFuncGetParamInfo
+// (cuKernelGetParamInfo for a library's CUkernel), once per function; the
+// `extra` form carries its parameter buffer whole. A launch on a capturing
+// stream is kept for its graph and counted at the graph's launches
+// (interpose/graph_access.h).
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -13,6 +16,7 @@
 
 #include "interpose/driver_table.h"
 #include "interpose/gate.h"
+#include "interpose/graph_access.h"
 #include "interpose/runtime.h"
 #include "pool/access.h"
 
@@ -23,6 +27,7 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra);
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                         unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 }
 
 namespace {
@@ -130,7 +135,8 @@ uint64_t load_word(const void* at) {
 
 // The `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE give the
 // parameter space itself.
-void count_buffer(gmem::pool::LaunchReferences& refs, void** extra) {
+template <typename Visit>
+void visit_buffer(void** extra, Visit&& visit) {
   const char* buffer = nullptr;
   std::size_t size = 0;
   for (int i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
@@ -138,24 +144,44 @@ void count_buffer(gmem::pool::LaunchReferences& refs, void** extra) {
     if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) size = *static_cast<const std::size_t*>(extra[i + 1]);
   }
   if (!buffer) return;
-  for (std::size_t word = 0; word + 8 <= size; word += 8) refs.word(load_word(buffer + word));
+  for (std::size_t word = 0; word + 8 <= size; word += 8) visit(load_word(buffer + word));
 }
 
-void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f, void** params, void** extra) {
-  gmem::pool::LaunchReferences refs(table);
+// Every aligned 8-byte word of a launch's parameters.
+template <typename Visit>
+void visit_words(CUfunction f, void** params, void** extra, Visit&& visit) {
   if (params) {
     const Layout* layout = layouts().find(f);
     if (!layout) return;
-    for (auto [param, offset] : layout->words) refs.word(load_word(static_cast<const char*>(params[param]) + offset));
+    for (auto [param, offset] : layout->words) visit(load_word(static_cast<const char*>(params[param]) + offset));
   } else if (extra) {
-    count_buffer(refs, extra);
+    visit_buffer(extra, visit);
   }
+}
+
+// What a launch the driver took references: counted now, or, on a capturing
+// stream, kept for the capture's graph.
+void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f, void** params, void** extra,
+           CUstream stream, bool per_thread) {
+  if (pool.capture_running()) {
+    if (const uint64_t capture = gmem::graph_access::capture_of(stream, per_thread)) {
+      std::vector<CUdeviceptr> bases;
+      visit_words(f, params, extra, [&](uint64_t word) {
+        if (const gmem::pool::AccessRecord* r = table.find(word)) bases.push_back(r->base());
+      });
+      if (!bases.empty()) gmem::graph_access::captured(capture, bases);
+      return;
+    }
+  }
+  gmem::pool::LaunchReferences refs(table);
+  visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
   refs.finish(pool.publisher());
 }
 
-// The launch `call`, gated; its references counted once the driver took it.
-template <typename Call>
-CUresult launch(CUfunction f, void** params, void** extra, Call&& call) {
+// A submitting `call`, gated; `counted` once the driver took it, with the
+// access table, where launches are tracked.
+template <typename Call, typename Counted>
+CUresult submit(Call&& call, Counted&& counted) {
   gmem::pool::Pool* pool = gmem::active_pool();  // resolves the driver on the first call
   CUresult status;
   {
@@ -163,9 +189,23 @@ CUresult launch(CUfunction f, void** params, void** extra, Call&& call) {
     status = call();
   }
   if (status == CUDA_SUCCESS && pool) {
-    if (gmem::pool::AccessTable* table = pool->access()) count(*pool, *table, f, params, extra);
+    if (gmem::pool::AccessTable* table = pool->access()) counted(*pool, *table);
   }
   return status;
+}
+
+template <typename Call>
+CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
+  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+    count(pool, table, f, params, extra, stream, per_thread);
+  });
+}
+
+template <typename Call>
+CUresult launch_graph(CUgraphExec exec, Call&& call) {
+  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+    gmem::graph_access::launched(exec, table, pool.publisher());
+  });
 }
 
 template <typename Call>
@@ -183,31 +223,32 @@ CUresult unload(Call&& call) {
 
 GMEM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
-  return launch(f, params, extra,
+  return launch(f, params, extra, stream, false,
                 [&] { return GMEM_REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
 }
 
 GMEM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                          unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
                                          void** extra) {
-  return launch(f, params, extra, [&] {
+  return launch(f, params, extra, stream, true, [&] {
     return GMEM_REAL_AS(cuLaunchKernel_ptsz, cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
   });
 }
 
 GMEM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
-  return launch(f, params, extra, [&] { return GMEM_REAL(cuLaunchKernelEx)(config, f, params, extra); });
+  return launch(f, params, extra, config ? config->hStream : nullptr, false,
+                [&] { return GMEM_REAL(cuLaunchKernelEx)(config, f, params, extra); });
 }
 
 GMEM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
-  return launch(f, params, extra,
+  return launch(f, params, extra, config ? config->hStream : nullptr, true,
                 [&] { return GMEM_REAL_AS(cuLaunchKernelEx_ptsz, cuLaunchKernelEx)(config, f, params, extra); });
 }
 
 GMEM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned shared, CUstream stream,
                                                void** params) {
-  return launch(f, params, nullptr, [&] {
+  return launch(f, params, nullptr, stream, false, [&] {
     return GMEM_REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params);
   });
 }
@@ -215,10 +256,18 @@ GMEM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
 GMEM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                     unsigned bx, unsigned by, unsigned bz, unsigned shared,
                                                     CUstream stream, void** params) {
-  return launch(f, params, nullptr, [&] {
+  return launch(f, params, nullptr, stream, true, [&] {
     return GMEM_REAL_AS(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shared,
                                                                                    stream, params);
   });
+}
+
+GMEM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return launch_graph(exec, [&] { return GMEM_REAL(cuGraphLaunch)(exec, stream); });
+}
+
+GMEM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  return launch_graph(exec, [&] { return GMEM_REAL_AS(cuGraphLaunch_ptsz, cuGraphLaunch)(exec, stream); });
 }
 
 GMEM_EXPORT CUresult cuModuleUnload(CUmodule module) {

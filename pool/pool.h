@@ -99,6 +99,8 @@ class Pool {
   // the graph), and nothing the pool does may disturb a capture.
   void capture_began() { captures_.fetch_add(1, std::memory_order_relaxed); }
   void capture_ended();
+  // Whether any stream may be capturing now (cheap: one atomic load).
+  bool capture_running() const { return quiet(); }
 
   // Contexts: what a destroyed context held is gone.
   void primary_context_retained(CUdevice device, CUcontext context);

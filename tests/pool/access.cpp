@@ -1,6 +1,6 @@
 // What launches reference (pool/access.h), through the driver API under the
 // shim on the emulated driver: kernels are PTX signatures the emulator reads
-// (tests/emu/module.cpp). Device 0 has a 16 MiB budget, so a 16 MiB allocation
+// (tests/emu/module.cpp), graphs record nothing (tests/emu/graph.cpp). Device 0 has a 16 MiB budget, so a 16 MiB allocation
 // beside an 8 MiB one lies partly in pinned host memory.
 // meson runs it with GMEM_CONF pool:vmm,device_budget:16M,peer_budget:0,
 // host_budget:48M,host_prepare:0,device_reserve:0,migrate_after_ms:0 (Track.*),
@@ -165,6 +165,35 @@ TEST_F(Track, ALayoutIsAskedAgainAfterAnUnload) {
   ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
   EXPECT_EQ(figures().launches - before.launches, 1u);
   EXPECT_EQ(figures().host, before.host);  // only the device range: the u32 pair is no word
+}
+
+// A launch captured into a graph runs at each launch of the graph, not when
+// captured: its references count then, once per graph launch.
+TEST_F(Track, CapturedLaunchesCountAtEachLaunchOfTheirGraph) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const Figures before = figures();
+  ASSERT_EQ(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr a = spilled_, b = on_device_, c = spilled_ + 4;
+  unsigned n = 0;
+  void* params[] = {&a, &b, &n, &c};
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, before.launches);  // nothing ran yet
+  ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 2u);
+  EXPECT_EQ(figures().host - before.host, 2 * host_);
+  // Outside a capture the stream's launches count at once again.
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 3u);
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
 }
 
 TEST_F(Untracked, LaunchesAreNotLookedAt) {
