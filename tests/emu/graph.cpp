@@ -37,6 +37,15 @@ CUresult instantiate(CUgraphExec* exec, CUgraph graph, const char* caller) {
   return CUDA_SUCCESS;
 }
 
+template <typename T, typename Handle>
+CUresult destroy(std::set<T*>& live, Handle handle) {
+  std::lock_guard lock(state().mutex);
+  auto* object = reinterpret_cast<T*>(handle);
+  if (!live.erase(object)) return CUDA_ERROR_INVALID_VALUE;
+  delete object;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 }  // namespace emu
 
@@ -87,21 +96,9 @@ EMU_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
-EMU_API CUresult cuGraphExecDestroy(CUgraphExec exec) {
-  std::lock_guard lock(state().mutex);
-  auto* e = reinterpret_cast<Exec*>(exec);
-  if (!execs.erase(e)) return CUDA_ERROR_INVALID_VALUE;
-  delete e;
-  return CUDA_SUCCESS;
-}
+EMU_API CUresult cuGraphExecDestroy(CUgraphExec exec) { return destroy(execs, exec); }
 
-EMU_API CUresult cuGraphDestroy(CUgraph graph) {
-  std::lock_guard lock(state().mutex);
-  auto* g = reinterpret_cast<Graph*>(graph);
-  if (!graphs.erase(g)) return CUDA_ERROR_INVALID_VALUE;
-  delete g;
-  return CUDA_SUCCESS;
-}
+EMU_API CUresult cuGraphDestroy(CUgraph graph) { return destroy(graphs, graph); }
 
 EMU_ALIAS(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2)
 EMU_ALIAS(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph)
