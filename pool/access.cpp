@@ -45,14 +45,10 @@ AccessTable::ThreadCounts::~ThreadCounts() {
   for (auto& page : pages) delete[] page.load(std::memory_order_relaxed);
 }
 
-AccessTable::Counts& AccessTable::ThreadCounts::at(uint32_t id) {
-  std::atomic<Counts*>& page = pages[id >> page_bits];
-  Counts* counts = page.load(std::memory_order_relaxed);
-  if (!counts) {
-    counts = new Counts[std::size_t(1) << page_bits];
-    page.store(counts, std::memory_order_release);  // the pool may sum it from now on
-  }
-  return counts[id & ((1u << page_bits) - 1)];
+AccessTable::Counts* AccessTable::ThreadCounts::new_page(uint32_t id) {
+  auto* counts = new Counts[std::size_t(1) << page_bits];
+  pages[id >> page_bits].store(counts, std::memory_order_release);  // the pool may sum it from now on
+  return counts;
 }
 
 AccessTable::ThreadCounts& AccessTable::thread_counts() {
@@ -140,26 +136,6 @@ LaunchReferences::LaunchReferences(AccessTable& table) : table_(table), counts_(
     counts_.mark = 1;
   }
   mark_ = counts_.mark;
-}
-
-// Only this thread writes its counts: a load and a store, no locked instruction.
-void LaunchReferences::reference(AccessRecord& record) {
-  AccessTable::Counts& counts = counts_.at(record.id_);
-  if (counts.mark == mark_) return;
-  counts.mark = mark_;
-  ++ranges_;
-  counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
-  if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
-  const int device = record.device();
-  if (device < 0 || device >= GMEM_STATS_MAX_DEVICES) return;
-  const uint32_t bit = 1u << device;
-  if (!(devices_ & bit)) {
-    devices_ |= bit;
-    host_[device] = peer_[device] = 0;
-  }
-  host_[device] += host;
-  peer_[device] += peer;
 }
 
 void LaunchReferences::finish(Publisher* publisher) {

@@ -123,7 +123,12 @@ class AccessTable {
     std::array<std::atomic<Counts*>, page_count> pages{};
     uint32_t mark = 0;  // the owner's latest launch
     ~ThreadCounts();
-    Counts& at(uint32_t id);  // the owner only
+    Counts& at(uint32_t id) {  // the owner only
+      Counts* counts = pages[id >> page_bits].load(std::memory_order_relaxed);
+      if (!counts) counts = new_page(id);
+      return counts[id & ((1u << page_bits) - 1)];
+    }
+    Counts* new_page(uint32_t id);
   };
   // The calling thread's counts (registered at its first launch).
   ThreadCounts& thread_counts();
@@ -175,5 +180,25 @@ class LaunchReferences {
   uint64_t host_[GMEM_STATS_MAX_DEVICES];
   uint64_t peer_[GMEM_STATS_MAX_DEVICES];
 };
+
+// Only this thread writes its counts: a load and a store, no locked instruction.
+inline void LaunchReferences::reference(AccessRecord& record) {
+  AccessTable::Counts& counts = counts_.at(record.id_);
+  if (counts.mark == mark_) return;
+  counts.mark = mark_;
+  ++ranges_;
+  counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
+  if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
+  const int device = record.device();
+  if (device < 0 || device >= GMEM_STATS_MAX_DEVICES) return;
+  const uint32_t bit = 1u << device;
+  if (!(devices_ & bit)) {
+    devices_ |= bit;
+    host_[device] = peer_[device] = 0;
+  }
+  host_[device] += host;
+  peer_[device] += peer;
+}
 
 }  // namespace gmem::pool
