@@ -86,6 +86,33 @@ TEST(LaunchReferences, CountsEachRangeOncePerLaunchWithItsOffDeviceBytes) {
   EXPECT_EQ(device->figures(), AccessRecord::Figures{});
 }
 
+// Each thread keeps its own counts: the figures are their sum, and a take
+// while threads count loses none of their launches.
+TEST(LaunchReferences, ThreadsCountApartAndTheFiguresAreTheirSum) {
+  AccessTable table;
+  AccessRecord* r = table.add(base, 2 * mib, 0, mib, 0);
+  constexpr int launches = 100000;
+  std::atomic<bool> go{false};
+  uint64_t taken = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      for (int i = 0; i < launches; ++i) {
+        LaunchReferences refs(table);
+        refs.word(base + mib);
+        refs.finish(nullptr);
+      }
+    });
+  }
+  go = true;
+  for (int i = 0; i < 100; ++i) taken += r->take().launches;
+  for (auto& t : threads) t.join();
+  taken += r->take().launches;
+  EXPECT_EQ(taken, 3u * launches);
+  EXPECT_EQ(r->figures(), AccessRecord::Figures{});
+}
+
 TEST(LaunchReferences, FollowsPlacementChanges) {
   AccessTable table;
   AccessRecord* r = table.add(base, 4 * mib, 0, 4 * mib, 0);
