@@ -131,7 +131,7 @@ void initialise() {
       if (moving) gate::turn_on();
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
-                                rt->config.migrate_after_ms, moving ? &submissions : nullptr);
+                                rt->config.migrate_after_ms, moving ? &submissions : nullptr, rt->config.track_access);
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

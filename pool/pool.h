@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pool/access.h"
 #include "pool/mover.h"
 #include "pool/registry.h"
 #include "pool/vmm_pool.h"
@@ -58,11 +59,14 @@ class Pool {
   // The VMM pool spills to peers and the host within `budgets`; with
   // `submissions` and a `move_after` above 0, what live allocations spilled
   // moves back once spills stop and the device has room (pool/mover.h).
+  // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
-                std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr)
+                std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
+                bool track_access = false)
       : driver_(driver),
         publisher_(std::move(publisher)),
+        access_(use_vmm && track_access ? std::make_unique<AccessTable>() : nullptr),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
         mover_(vmm_ && submissions && move_after.count() > 0
@@ -72,6 +76,10 @@ class Pool {
                    : nullptr),
         ledger_(publisher_.get()) {
     if (mover_) vmm_->observe_spills(mover_.get());
+    if (access_) {
+      vmm_->track_access(access_.get());
+      tiers_->track_access(access_.get());
+    }
   }
 
   CUresult alloc(CUdeviceptr* dptr, std::size_t size);
@@ -107,6 +115,8 @@ class Pool {
   // the graph), and nothing the pool does may disturb a capture.
   void capture_began() { captures_.fetch_add(1, std::memory_order_relaxed); }
   void capture_ended();
+  // Whether any stream may be capturing now (cheap: one atomic load).
+  bool capture_running() const { return quiet(); }
 
   // Contexts: what a destroyed context held is gone.
   void primary_context_retained(CUdevice device, CUcontext context);
@@ -122,6 +132,8 @@ class Pool {
   VmmPool* vmm() const { return vmm_.get(); }
   // What moves spilled memory back (null unless the pool may move it).
   Mover* mover() const { return mover_.get(); }
+  // What launches reference, by pool range (null unless pool:vmm with track_access).
+  AccessTable* access() const { return access_.get(); }
   const vmm::Driver& driver() const { return driver_; }
   // Each is told in the order added; the first to refuse a free stops it.
   void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }
@@ -151,6 +163,7 @@ class Pool {
 
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
+  const std::unique_ptr<AccessTable> access_;  // before tiers_ and vmm_: they report to it until they go
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first

@@ -78,11 +78,19 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   if (pieces.size() > 1) books_.publish(device, GMEM_STAT_stitched_ranges, 1);
   range->pieces = std::move(pieces);
   *out = range.get();
+  if (access_) {
+    std::size_t host = 0, peer = 0;
+    for (const Piece* p : range->pieces) {
+      if (p->spilled) (p->memory.location().kind == vmm::Location::Kind::device ? peer : host) += p->memory.size();
+    }
+    access_->add(range->va.base(), total, device, host, peer);
+  }
   ranges_.emplace(range->va.base(), std::move(range));
   return CUDA_SUCCESS;
 }
 
 void Ranges::unmap(Range& range) {
+  if (access_) access_->remove(range.va.base(), range.va.size());
   Work& work = books_[range.device].work;
   Timer timer(work.driver_ns);
   work.unmaps += range.pieces.size();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "pool/access.h"
 #include "pool/pieces.h"
 
 namespace gmem::pool {
@@ -58,6 +59,9 @@ class Ranges {
   Ranges(const vmm::Driver& driver, Books& books, StreamOrder& order, Pieces& pieces)
       : driver_(driver), books_(books), order_(order), pieces_(pieces) {}
 
+  // Lists every range in `table` while it is mapped (set once, before use).
+  void track_access(AccessTable* table) { access_ = table; }
+
   // A new range on `device` over `pieces` in order; they are held by it.
   CUresult map(std::vector<Piece*> pieces, int device, Range** out);
   // Unmaps a free range (a cached one leaves the cache); its chunks stay.
@@ -103,6 +107,7 @@ class Ranges {
   Books& books_;
   StreamOrder& order_;
   Pieces& pieces_;
+  AccessTable* access_ = nullptr;
   std::map<CUdeviceptr, std::unique_ptr<Range>> ranges_;  // by base address
   PerDevice<CachedRanges> cached_;
   uint64_t made_ = 0;

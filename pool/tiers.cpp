@@ -347,13 +347,24 @@ void Tiers::released(const vmm::Chunk& chunk) {
 void Tiers::mapped(const vmm::Chunk& chunk, CUdeviceptr at) {
   std::lock_guard lock(mutex_);
   auto it = held_.find(chunk.handle());
-  if (it != held_.end()) mapped_[at] = Mapped{chunk.size(), chunk.handle(), it->second.host};
+  if (it == held_.end()) return;
+  mapped_[at] = Mapped{chunk.size(), chunk.handle(), it->second.host};
+  placed(at, it->second.host, int64_t(chunk.size()));
+}
+
+// A range listed for the launch hooks changed where part of it lives (a move,
+// a remap); ranges being made or unmapped are not listed yet, or any more.
+void Tiers::placed(CUdeviceptr at, bool host, int64_t delta) {
+  if (!access_) return;
+  if (AccessRecord* record = access_->find(at)) record->placed(host ? delta : 0, host ? 0 : delta);
 }
 
 void Tiers::unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) {
   std::lock_guard lock(mutex_);
   auto it = mapped_.find(at);
-  if (it != mapped_.end() && it->second.handle == handle) mapped_.erase(it);
+  if (it == mapped_.end() || it->second.handle != handle) return;
+  placed(at, it->second.host, -int64_t(it->second.size));
+  mapped_.erase(it);
 }
 
 bool Tiers::spilled(int device) const {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "pool/access.h"
 #include "pool/budget.h"
 #include "pool/host_preparer.h"
 #include "pool/publisher.h"
@@ -77,6 +78,10 @@ class Tiers final : public vmm::ChunkObserver {
   void before_fork();
   void after_fork(bool child);
 
+  // Keeps the host and peer bytes of the ranges listed in `table` as their
+  // chunks are remapped (set once, before use).
+  void track_access(AccessTable* table) { access_ = table; }
+
   // vmm::ChunkObserver
   void mapped(const vmm::Chunk& chunk, CUdeviceptr at) override;
   void unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) override;
@@ -117,6 +122,7 @@ class Tiers final : public vmm::ChunkObserver {
   void expect_host_chunk(int device, std::size_t size);
   // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
   CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
+  void placed(CUdeviceptr at, bool host, int64_t delta);  // under mutex_
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);
 
@@ -134,6 +140,7 @@ class Tiers final : public vmm::ChunkObserver {
   std::unordered_map<CUmemGenericAllocationHandle, Held> held_;
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
   std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
+  AccessTable* access_ = nullptr;
   int preparer_device_ = -1;                  // the device whose near-full started it
   std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go
 };

@@ -117,6 +117,8 @@ class VmmPool {
   // ---- Moving spilled memory back (pool/mover.h, vmm_pool_move.cpp). ----
   // Told of every allocation served with spilled memory (set once, before use).
   void observe_spills(SpillObserver* observer) { spill_observer_ = observer; }
+  // Lists every range mapped in `table` while it is mapped (set once, before use).
+  void track_access(AccessTable* table) { ranges_.track_access(table); }
   struct Movable {
     int device = -1;
     CUcontext context = nullptr;  // a live allocation's, current while moving

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <map>
 
 namespace gmem::rpc {
 namespace {
@@ -97,6 +98,54 @@ std::string stats_table(const v1::GetStatsResponse& response) {
   if (marked || saved) {
     out += printf_string("dedup: %s marked read-only, %s mapped on another process's copy (saved)\n",
                          human_bytes(marked).c_str(), human_bytes(saved).c_str());
+  }
+  return out;
+}
+
+namespace {
+
+struct Access {
+  uint64_t launches = 0, host = 0, peer = 0;
+};
+
+// Each process's access figures, summed over its devices.
+std::map<int32_t, Access> access_by_process(const v1::GetStatsResponse& response) {
+  std::map<int32_t, Access> out;
+  for (const v1::ProcessStats& p : response.processes()) {
+    Access& a = out[p.process().pid()];
+    for (const v1::DeviceStats& d : p.devices()) {
+      a.launches += d.access_launches();
+      a.host += d.host_access_bytes();
+      a.peer += d.peer_access_bytes();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool tracks_access(const v1::GetStatsResponse& response) {
+  for (const auto& [pid, a] : access_by_process(response)) {
+    if (a.launches) return true;
+  }
+  return false;
+}
+
+std::string access_rates(const v1::GetStatsResponse& now, const v1::GetStatsResponse& before) {
+  const double seconds = static_cast<double>(now.sampled_unix_ns() - before.sampled_unix_ns()) / 1e9;
+  if (now.sampled_unix_ns() <= before.sampled_unix_ns()) return "";
+  const std::map<int32_t, Access> earlier = access_by_process(before);
+  std::string out;
+  for (const auto& [pid, a] : access_by_process(now)) {
+    auto was = earlier.find(pid);
+    if (!a.launches || was == earlier.end() || was->second.launches > a.launches) continue;
+    const Access& b = was->second;
+    auto rate = [&](uint64_t to, uint64_t from) { return static_cast<double>(to - from) / seconds; };
+    out += printf_string("%8d launches referencing pool memory %.0f/s; host access %s/s (total %s), peer access "
+                         "%s/s (total %s)\n",
+                         pid, rate(a.launches, b.launches), human_bytes(uint64_t(rate(a.host, b.host))).c_str(),
+                         human_bytes(a.host).c_str(), human_bytes(uint64_t(rate(a.peer, b.peer))).c_str(),
+                         human_bytes(a.peer).c_str());
   }
   return out;
 }

@@ -14,6 +14,12 @@ std::string state_text(v1::StatsState state);
 
 std::string ps_table(const v1::ListProcessesResponse& response);
 std::string stats_table(const v1::GetStatsResponse& response);
+// Per process, the bytes its launches referenced in host and peer memory per
+// second between two samples (`before` taken first), and launches per second;
+// empty when no process shown tracks launches.
+std::string access_rates(const v1::GetStatsResponse& now, const v1::GetStatsResponse& before);
+// Whether any process shown has launches counted (track_access).
+bool tracks_access(const v1::GetStatsResponse& response);
 std::string placement_table(const v1::GetPlacementResponse& response);
 
 }  // namespace gmem::rpc

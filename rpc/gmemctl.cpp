@@ -1,8 +1,10 @@
 // gmemctl: the command line of the gmem stats plane. Reads from gmemd (ps,
 // stats, placement, top), runs jobs under the shim (run), or becomes gmemd (daemon).
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "rpc/client.h"
 #include "rpc/format.h"
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "per-device figures of one process (PID) or of all");
   int32_t pid = 0, device = -1;
   stats->add_option("PID", pid, "the process; all when left out")->check(CLI::PositiveNumber);
+  int rate_ms = 500;
+  stats->add_option("--rate-ms", rate_ms, "between the two samples that give host-access bytes per second")
+      ->check(CLI::Range(10, 60000))
+      ->capture_default_str();
   auto* placement = app.add_subcommand("placement", "a process's live allocations: ranges, tiers, kinds, chunks");
   placement->add_option("PID", pid, "the process")->required()->check(CLI::PositiveNumber);
   placement->add_option("--device", device, "only this device's allocations")->check(CLI::NonNegativeNumber);
@@ -103,7 +109,14 @@ int main(int argc, char** argv) {
     request.set_pid(pid);
     v1::GetStatsResponse response;
     auto status = client.stub().GetStats(client.context().get(), request, &response);
-    return show(client, status, response, json, stats_table);
+    if (json || !status.ok() || !tracks_access(response)) return show(client, status, response, json, stats_table);
+    // Access rates need a second sample.
+    std::this_thread::sleep_for(std::chrono::milliseconds(rate_ms));
+    v1::GetStatsResponse later;
+    status = client.stub().GetStats(client.context().get(), request, &later);
+    if (!status.ok()) return client.report(status);
+    std::cout << stats_table(later) << access_rates(later, response) << std::flush;
+    return exit_ok;
   }
   v1::GetPlacementRequest request;
   request.set_pid(pid);

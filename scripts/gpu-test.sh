@@ -457,6 +457,11 @@ step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 step stats-plane 200 stats_plane
 
+# What PyTorch's launches touch (track_access): an add over a tensor spilled to
+# the host counts its host bytes, a product of device tensors none, a captured
+# CUDA graph counts at each replay (tests/gpu/access_check.py).
+step access-check 120 python3 tests/gpu/access_check.py --shim "$shim" --graph
+
 # Live spilled memory moving back under a training GCN: bit-identical losses.
 step move-train 300 python3 tests/gpu/move_train.py --shim "$shim" --out "$out/move-train"
 

@@ -49,6 +49,11 @@
     "no allocation has been served with spilled memory for this long (and for twice " \
     "the longest gap between such allocations, at most 5 minutes) and the device has " \
     "room again; the program's launches and copies pause while it moves; 0: never")  \
+  X(track_access, flag, "1",                                                         \
+    "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
+    "ranges, counting per range the launches that reference it and the host and "    \
+    "peer bytes they may pull (stats: host_access_bytes); 0: launches are not "       \
+    "looked at")                                                                      \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \

@@ -58,7 +58,13 @@
   X(dedup_shared_bytes, "live bytes mapped onto a copy another process made (dedup): device "     \
                         "memory this process saves")                                        \
   X(moved_back_bytes, "spilled bytes of live allocations moved back to this device's memory "    \
-                      "since the process started (the program paused meanwhile)")
+                      "since the process started (the program paused meanwhile)")       \
+  X(access_launches, "kernel launches whose parameters held an address of this device's pool " \
+                     "memory (track_access)")                                               \
+  X(host_access_bytes, "for each such launch, the bytes of each pool range it referenced that " \
+                       "lie in pinned host memory: an upper estimate of the bytes kernels "      \
+                       "pulled over PCIe")                                                  \
+  X(peer_access_bytes, "as host_access_bytes, for bytes in a peer GPU's memory (NVLink)")
 
 /* Where an allocation's memory lives. */
 enum gmem_tier { GMEM_TIER_DEVICE = 0, GMEM_TIER_HOST = 1, GMEM_TIER_PEER = 2 };

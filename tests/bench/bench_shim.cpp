@@ -1,5 +1,7 @@
 // The shim's cost, against the real driver in the same process: a forwarded
-// call, a call that passes the submission gate, and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
+// call, a call that passes the submission gate, launches of kernels of 1, 8
+// and 64 pointer parameters into distinct pool ranges (counted by the launch
+// hooks with pool:vmm: pool/access.h), and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
 // cuMemAllocAsync/cuMemFreeAsync). Run it with libcuda.so.1 resolving to the
 // shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to the real
 // driver the shim loaded. Prints BENCH lines, names prefixed by
@@ -54,6 +56,42 @@ void compare(const std::string& bare_name, long calls, Shim&& shim, Native&& nat
   printf("BENCH %s_overhead %.2f %s\n", name, median(difference) / scale, unit);
 }
 
+// Empty kernels taking 1, 8 and 64 pointers, as PTX (JIT-compiled on a GPU;
+// the emulator reads the signatures), each pointer into a range of its own.
+bool tracked_launches(decltype(&cuLaunchKernel) shim_launch, decltype(&cuLaunchKernel) real_launch) {
+  std::string ptx = ".version 7.0\n.target sm_70\n.address_size 64\n";
+  const int counts[] = {1, 8, 64};
+  for (int n : counts) {
+    ptx += ".visible .entry pointers_" + std::to_string(n) + "(";
+    for (int i = 0; i < n; ++i) ptx += std::string(i ? ", " : "") + ".param .u64 p" + std::to_string(i);
+    ptx += ") { ret; }\n";
+  }
+  CUmodule module;
+  if (CUresult r = cuModuleLoadData(&module, ptx.c_str())) {
+    fprintf(stderr, "bench_shim: cuModuleLoadData: error %d\n", r);
+    return false;
+  }
+  std::vector<CUdeviceptr> buffers(64);
+  std::vector<void*> params(64);
+  for (int i = 0; i < 64; ++i) {
+    if (cuMemAlloc_v2(&buffers[i], 4 << 20)) return false;  // above the slab sizes: a range each
+    params[i] = &buffers[i];
+  }
+  bool failed = false;
+  for (int n : counts) {
+    CUfunction f;
+    if (cuModuleGetFunction(&f, module, ("pointers_" + std::to_string(n)).c_str())) return false;
+    auto launch = [&](decltype(&cuLaunchKernel) call) {
+      failed |= call(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params.data(), nullptr) != CUDA_SUCCESS;
+    };
+    compare("tracked_launch_" + std::to_string(n), 20000, [&] { launch(shim_launch); }, [&] { launch(real_launch); },
+            1, "ns");
+  }
+  if (failed || cuCtxSynchronize()) fprintf(stderr, "bench_shim: a launch failed\n");
+  for (CUdeviceptr b : buffers) failed |= cuMemFree_v2(b) != CUDA_SUCCESS;
+  return !failed && cuModuleUnload(module) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 int main() {
@@ -86,6 +124,7 @@ int main() {
     return launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
   };
   compare("gated_call", 1000000, [&] { refused_launch(shim_launch); }, [&] { refused_launch(real_launch); }, 1, "ns");
+  if (!tracked_launches(shim_launch, real_launch)) return 1;
 
   CUstream stream = nullptr;
   if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)) return 1;

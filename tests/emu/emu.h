@@ -79,6 +79,8 @@ struct Stream {
   Context* context = nullptr;
   unsigned flags = 0;
   int priority = 0;
+  cuuint64_t capture = 0;    // the capture under way on it; 0: none
+  CUgraph graph = nullptr;   // what that capture records into
 };
 
 struct Event {
@@ -197,5 +199,7 @@ void trim_pools();
 // Stream and event handles as the driver checks them (0 and the two special
 // streams are valid); the caller holds the state mutex.
 bool valid_stream(CUstream stream);
+// A stream created by cuStreamCreate*: only those capture into graphs here.
+bool capturable(CUstream stream);
 
 }  // namespace emu

@@ -17,6 +17,11 @@ void complete_events(CUstream stream) {
   }
 }
 
+bool capturable(CUstream stream) {
+  return stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD &&
+         state().streams.count(reinterpret_cast<Stream*>(stream));
+}
+
 namespace {
 
 Event* find_event(CUevent event) {
@@ -78,16 +83,17 @@ EMU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int 
   return flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
-// Nothing is ever captured into a graph here.
+// A capture records nothing but its graph (tests/emu/graph.cpp).
 EMU_API CUresult cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
                                            CUgraph* graph, const CUgraphNode** deps, const CUgraphEdgeData** edges,
                                            size_t* count) {
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
   if (!status) return CUDA_ERROR_INVALID_VALUE;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (id) *id = 0;
-  if (graph) *graph = nullptr;
+  const Stream* s = capturable(stream) ? reinterpret_cast<Stream*>(stream) : nullptr;
+  *status = s && s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = s ? s->capture : 0;
+  if (graph) *graph = s ? s->graph : nullptr;
   if (deps) *deps = nullptr;
   if (edges) *edges = nullptr;
   if (count) *count = 0;

@@ -7,10 +7,14 @@ step times (default): --sizes S... [--reference R]
   reference size R in memory under --reference-setting (expandable). Prints a
   markdown table: median step time, gmem's reserved peak and that peak as a
   multiple of the GPU's total memory, R's step time scaled to the size
-  (step(R) x size / R) and spilled / scaled; then, per size, the tiers gmem
-  held at the end (its stats file) and its `gmem: report` lines. BENCH lines:
-  spill_<job>_<size>_step_ms, _gpu_multiple, _vs_in_memory_scaled, and
-  spill_<job>_<R>_in_memory_step_ms. A size that runs out of memory is a row
+  (step(R) x size / R) and spilled / scaled; the bytes that crossed PCIe per
+  step (gmem's host_access_bytes over the step: the host bytes of every pool
+  range each launch referenced, an upper estimate), the PCIe limit time
+  (those bytes / --pcie-gbps) and step / limit; then, per size, each step's
+  time, bytes and limit, the tiers gmem held at the end (its stats file) and
+  its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
+  _gpu_multiple, _vs_in_memory_scaled, _host_access_gb_per_step,
+  _pcie_limit_ms, _step_vs_pcie_limit, and spill_<job>_<R>_in_memory_step_ms. A size that runs out of memory is a row
   saying so; any other failure, or a reference that does not train, fails the run.
 
 losses: --losses FILE --size S
@@ -33,6 +37,7 @@ Spilled steps may take many seconds each: --warmup 1 and --steps 2 by default,
 import argparse
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -63,19 +68,23 @@ def step_times(args):
     scaled_how = (f"{args.reference_setting} {ref}: {ref_ms:.1f} ms x size / {ref}" if ref_ms
                   else "the reference failed" if ref else "no --reference")
     print(f"\n| {args.job} size | step (ms) | reserved peak (GB) | x GPU memory "
-          f"| in-memory step scaled (ms; {scaled_how}) | spilled / scaled |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          f"| in-memory step scaled (ms; {scaled_how}) | spilled / scaled "
+          f"| over PCIe per step (GB) | PCIe limit (ms; at {args.pcie_gbps:g} GB/s) | step / limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     figures = {}
     for size, r in runs.items():
         if not r["ok"]:
             why = "out of memory" if r["oom"] else "failed: " + r["error"].replace("|", "/")
-            print(f"| {size} | {why} | | | | |")
+            print(f"| {size} | {why} | | | | | | | |")
             continue
         scaled = ref_ms * size / ref if ref_ms else None
         f = figures[size] = {"step_ms": r["step_ms"], "gpu_multiple": r["physical_peak"] / r["total_memory"],
                              "vs_in_memory_scaled": r["step_ms"] / scaled if scaled else None}
+        f.update(pcie_figures(r, args.pcie_gbps))
         print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
-              + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |"))
+              + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |")
+              + (f" {f['host_access_gb']:.2f} | {f['pcie_limit_ms']:.1f} | {f['step_vs_pcie_limit']:.2f} |"
+                 if "host_access_gb" in f else " | | |"))
     gpus = {r["gpu"] for r in runs.values() if r["ok"]} | ({ref_gpu} if ref_ms else set())
     totals = ", ".join(sorted({f"{r['total_memory'] / GB:.1f} GB" for r in runs.values() if r["ok"]}))
     if gpus:
@@ -84,6 +93,8 @@ def step_times(args):
     for size, r in runs.items():
         if r["ok"]:
             print(f"\n{size}, {args.setting} ({r['log']}):")
+            for line in step_lines(r, args.pcie_gbps):
+                print(line)
             print(tiers_line(size, r))
             if r["report"]:
                 print("```\n" + "\n".join(r["report"]) + "\n```")
@@ -95,9 +106,35 @@ def step_times(args):
         print(f"BENCH spill_{args.job}_{size}_gpu_multiple {f['gpu_multiple']:.3f} x")
         if f["vs_in_memory_scaled"] is not None:
             print(f"BENCH spill_{args.job}_{size}_vs_in_memory_scaled {f['vs_in_memory_scaled']:.3f} x")
+        if "host_access_gb" in f:
+            print(f"BENCH spill_{args.job}_{size}_host_access_gb_per_step {f['host_access_gb']:.3f} GB")
+            print(f"BENCH spill_{args.job}_{size}_pcie_limit_ms {f['pcie_limit_ms']:.2f} ms")
+            print(f"BENCH spill_{args.job}_{size}_step_vs_pcie_limit {f['step_vs_pcie_limit']:.3f} x")
     if failed:
         print(f"spill_train: failed: {'; '.join(failed)} (logs in {args.out})", file=sys.stderr)
     return 1 if failed else 0
+
+
+def pcie_figures(r, gbps):
+    """The median timed step's bytes over PCIe (gmem's host_access_bytes), its
+    limit time at `gbps` and step / limit; {} where gmem counted no launches."""
+    per_step = r.get("host_access_bytes")
+    if not per_step:
+        return {}
+    bytes_ = statistics.median(per_step)
+    limit_ms = bytes_ / (gbps * GB) * 1e3
+    return {"host_access_gb": bytes_ / GB, "pcie_limit_ms": limit_ms,
+            "step_vs_pcie_limit": r["step_ms"] / limit_ms if limit_ms else float("inf")}
+
+
+def step_lines(r, gbps):
+    """Each timed step: its time, the bytes that crossed PCIe and the limit time."""
+    out = []
+    for i, (ms, b) in enumerate(zip(r.get("steps_ms", []), r.get("host_access_bytes", []))):
+        limit = b / (gbps * GB) * 1e3
+        out.append(f"- step {i}: {ms:.1f} ms, {b / GB:.2f} GB over PCIe, limit {limit:.1f} ms"
+                   + (f", step / limit {ms / limit:.2f}" if limit else ""))
+    return out
 
 
 def tiers_line(size, r):
@@ -186,6 +223,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run (default 600)")
     ap.add_argument("--out", default=".", help="folder for the runs' logs")
+    ap.add_argument("--pcie-gbps", type=float, default=51.0,
+                    help="host memory bandwidth a kernel gets over PCIe, GB/s per direction, for the limit time "
+                         "(default 51: the H100's, DESIGN.md)")
     args = ap.parse_args()
     if args.compare:
         return compare(args.compare)

@@ -95,12 +95,15 @@ def child(args):
         step = JOBS[args.job](torch, int(args.size))
         for _ in range(args.warmup):
             losses.append(step().item())
-        times = []
+        times, host_access = [], []
         for _ in range(args.steps):
             torch.cuda.synchronize()
+            before = host_access_bytes()
             start = time.perf_counter()
             losses.append(step().item())
             times.append(time.perf_counter() - start)
+            if before is not None:
+                host_access.append(host_access_bytes() - before)
     except torch.OutOfMemoryError as e:
         print(json.dumps({"oom": str(e).splitlines()[0][:200]}))
         return OOM_EXIT
@@ -124,10 +127,25 @@ def child(args):
         try:
             figures = gmem_stats.read_own(0)
             result["gmem_tiers"] = {k: figures[k] for k in GMEM_TIERS}
+            if host_access and figures.get("access_launches"):
+                result["host_access_bytes"] = host_access
         except (gmem_stats.StatsError, KeyError) as e:
             result["gmem_tiers_error"] = str(e)
     print(json.dumps(result))
     return 0
+
+
+def host_access_bytes():
+    """gmem's count of the bytes this process's launches referenced in pinned
+    host memory so far (include/gmem/stats.h; track_access), or None when not
+    under gmem or not readable."""
+    if "GMEM_CONF" not in os.environ:
+        return None
+    import gmem_stats
+    try:
+        return gmem_stats.read_own(0)["host_access_bytes"]
+    except (gmem_stats.StatsError, KeyError):
+        return None
 
 
 def attempt(args, setting, size, deterministic=False):

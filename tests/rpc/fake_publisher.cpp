@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     writer.set(d, GMEM_STAT_allocations, static_cast<uint64_t>(allocations));
     writer.set(d, GMEM_STAT_stitched_ranges, 1);
     writer.set(d, GMEM_STAT_moved_back_bytes, reserved / 8);
+    writer.set(d, GMEM_STAT_access_launches, 1);
     for (int a = 0; a < allocations; ++a) {
       writer.place((0x7f0000000000ull + (uint64_t(d) << 36)) + (uint64_t(a) << 24), 1u << 20, d, GMEM_TIER_DEVICE,
                    GMEM_KIND_DEVICE, static_cast<uint16_t>(a == 0 ? 2 : 1));
@@ -35,9 +36,14 @@ int main(int argc, char** argv) {
   }
   printf("ready %d\n", getpid());
   fflush(stdout);
-  // Counts on: an allocation per 10 ms on device 0, for top's rate.
+  // Counts on: an allocation, a launch and 1 MiB of host access per 10 ms on
+  // device 0, for the rates of top and stats.
   for (uint64_t n = static_cast<uint64_t>(allocations);; ++n) {
     usleep(10000);
-    if (devices > 0) writer.set(0, GMEM_STAT_allocations, n);
+    if (devices > 0) {
+      writer.set(0, GMEM_STAT_allocations, n);
+      writer.set(0, GMEM_STAT_access_launches, n);
+      writer.set(0, GMEM_STAT_host_access_bytes, n << 20);
+    }
   }
 }

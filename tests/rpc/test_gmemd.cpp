@@ -75,6 +75,13 @@ TEST_F(Gmemd, PsStatsAndPlacementShowWhatProcessesPublished) {
   EXPECT_NE(table.out.find("50%"), std::string::npos) << table.out;
   // Devices 0 and 1 moved 1/8 of their 1 and 2 GiB back.
   EXPECT_NE(table.out.find("moved back to the device from the tiers: 384.0 MiB"), std::string::npos) << table.out;
+  // Device 0 counts 1 MiB of host access per 10 ms: about 100 MiB/s between the two samples.
+  std::smatch rate;
+  ASSERT_TRUE(std::regex_search(table.out, rate, std::regex(pid_of(*two) + " launches referencing pool memory "
+                                                          "[0-9]+/s; host access ([0-9.]+) MiB/s")))
+      << table.out;
+  EXPECT_GT(std::stod(rate[1]), 50.0) << table.out;
+  EXPECT_LT(std::stod(rate[1]), 110.0) << table.out;
   EXPECT_NE(ctl({"placement", pid_of(*one)}).out.find("0x00007f0000000000     1.0 MiB     2.0 MiB   0 device alloc"),
             std::string::npos);
 }

@@ -1,0 +1,279 @@
+// Kernel and graph launches. Each passes the submission gate
+// (interpose/gate.h) as the generated trampolines of the other submitting
+// calls do; with pool:vmm and track_access, once the driver has taken the
+// launch, every aligned 8-byte word of its parameters is looked up in the
+// pool's ranges (pool/access.h): what each launch touches, known without a
+// fault. The parameter layout comes from cuFuncGetParamInfo
+// (cuKernelGetParamInfo for a library's CUkernel), once per function; the
+// `extra` form carries its parameter buffer whole. A launch on a capturing
+// stream is kept for its graph and counted at the graph's launches
+// (interpose/graph_access.h).
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "interpose/driver_table.h"
+#include "interpose/gate.h"
+#include "interpose/graph_access.h"
+#include "interpose/runtime.h"
+#include "pool/access.h"
+
+extern "C" {
+// Declared by cuda.h only for the driver's own build.
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shared, CUstream stream, void** params, void** extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+}
+
+namespace {
+
+// A kernel's parameters as the aligned 8-byte words of the parameter space:
+// for each, the parameter holding it and the word's offset in that parameter.
+struct Layout {
+  uint32_t generation = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> words;
+};
+
+// Layouts by function handle: an open-addressed table of atomics, read without
+// a lock, filled under one. Layouts are kept for the process's life. A module
+// or library unloaded starts a new generation (its handles may name other
+// kernels later): older layouts are asked again at their next launch.
+class Layouts {
+ public:
+  const Layout* find(CUfunction f) {
+    const auto key = reinterpret_cast<uintptr_t>(f);
+    const uint32_t generation = generation_.load(std::memory_order_acquire);
+    for (std::size_t i = index(key), probes = 0; probes < capacity; i = (i + 1) & (capacity - 1), ++probes) {
+      const uintptr_t k = slots_[i].key.load(std::memory_order_acquire);
+      if (k == key) {
+        const Layout* layout = slots_[i].layout.load(std::memory_order_acquire);
+        if (layout->generation == generation) return layout;
+        break;
+      }
+      if (k == 0) break;
+    }
+    return query(f, generation);
+  }
+  void new_generation() { generation_.fetch_add(1, std::memory_order_acq_rel); }
+
+ private:
+  static constexpr std::size_t capacity = 1 << 14;  // distinct kernels; 3/4 of it are cached
+  struct Slot {
+    std::atomic<uintptr_t> key{0};
+    std::atomic<const Layout*> layout{nullptr};
+  };
+  static std::size_t index(uintptr_t key) { return (key * 0x9e3779b97f4a7c15ull) >> (64 - 14); }
+
+  // Under the lock: the driver's answer, cached. Null where no slot is left
+  // (the launch is not counted: a missed reference costs only speed).
+  const Layout* query(CUfunction f, uint32_t generation) {
+    std::lock_guard lock(mutex_);
+    const auto key = reinterpret_cast<uintptr_t>(f);
+    std::size_t i = index(key);
+    while (slots_[i].key.load(std::memory_order_relaxed) != key && slots_[i].key.load(std::memory_order_relaxed)) {
+      i = (i + 1) & (capacity - 1);
+    }
+    const bool fresh = slots_[i].key.load(std::memory_order_relaxed) == 0;
+    if (fresh && used_ >= capacity / 4 * 3) return nullptr;
+    Layout& layout = storage_.emplace_back(ask_driver(f));
+    layout.generation = generation;
+    slots_[i].layout.store(&layout, std::memory_order_release);
+    if (fresh) {
+      ++used_;
+      slots_[i].key.store(key, std::memory_order_release);  // after its layout: a reader finding it finds both
+    }
+    return &layout;
+  }
+
+  // The layout the driver gives: by the function's API, or by the kernel's for
+  // a CUkernel passed as a CUfunction (cuLaunchKernel takes either). Past the
+  // last parameter the driver answers CUDA_ERROR_INVALID_VALUE; a kernel
+  // neither API knows gets no words.
+  static Layout ask_driver(CUfunction f) {
+    using Query = CUresult (*)(void*, size_t, size_t*, size_t*);
+    auto by_function = reinterpret_cast<Query>(gmem_real_table[gmem::fn_cuFuncGetParamInfo]);
+    auto by_kernel = reinterpret_cast<Query>(gmem_real_table[gmem::fn_cuKernelGetParamInfo]);
+    Layout layout;
+    std::size_t offset = 0, size = 0;
+    Query ask = by_function;
+    if (ask(f, 0, &offset, &size) != CUDA_SUCCESS) {
+      ask = by_kernel;
+      if (ask(f, 0, &offset, &size) != CUDA_SUCCESS) return layout;
+    }
+    for (uint32_t param = 0; param < max_params; ++param) {
+      if (param && ask(f, param, &offset, &size) != CUDA_SUCCESS) break;
+      for (std::size_t word = (offset + 7) / 8 * 8; word + 8 <= offset + size; word += 8) {
+        layout.words.emplace_back(param, uint32_t(word - offset));
+      }
+    }
+    return layout;
+  }
+  static constexpr uint32_t max_params = 1 << 15;  // the parameter space is at most 32 KiB
+
+  std::unique_ptr<Slot[]> slots_ = std::make_unique<Slot[]>(capacity);
+  std::atomic<uint32_t> generation_{0};
+  std::mutex mutex_;
+  std::deque<Layout> storage_;  // stable addresses
+  std::size_t used_ = 0;
+};
+
+Layouts& layouts() {
+  static Layouts* instance = new Layouts;  // never destroyed: launches may run during exit
+  return *instance;
+}
+
+uint64_t load_word(const void* at) {
+  uint64_t value;
+  std::memcpy(&value, at, sizeof value);  // a parameter's copy need not be 8-byte aligned
+  return value;
+}
+
+// The `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE give the
+// parameter space itself.
+template <typename Visit>
+void visit_buffer(void** extra, Visit&& visit) {
+  const char* buffer = nullptr;
+  std::size_t size = 0;
+  for (int i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const char*>(extra[i + 1]);
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) size = *static_cast<const std::size_t*>(extra[i + 1]);
+  }
+  if (!buffer) return;
+  for (std::size_t word = 0; word + 8 <= size; word += 8) visit(load_word(buffer + word));
+}
+
+// Every aligned 8-byte word of a launch's parameters.
+template <typename Visit>
+void visit_words(CUfunction f, void** params, void** extra, Visit&& visit) {
+  if (params) {
+    const Layout* layout = layouts().find(f);
+    if (!layout) return;
+    for (auto [param, offset] : layout->words) visit(load_word(static_cast<const char*>(params[param]) + offset));
+  } else if (extra) {
+    visit_buffer(extra, visit);
+  }
+}
+
+// What a launch the driver took references: counted now, or, on a capturing
+// stream, kept for the capture's graph.
+void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f, void** params, void** extra,
+           CUstream stream, bool per_thread) {
+  if (pool.capture_running()) {
+    if (const uint64_t capture = gmem::graph_access::capture_of(stream, per_thread)) {
+      std::vector<CUdeviceptr> bases;
+      visit_words(f, params, extra, [&](uint64_t word) {
+        if (const gmem::pool::AccessRecord* r = table.find(word)) bases.push_back(r->base());
+      });
+      if (!bases.empty()) gmem::graph_access::captured(capture, bases);
+      return;
+    }
+  }
+  gmem::pool::LaunchReferences refs(table);
+  visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
+  refs.finish(pool.publisher());
+}
+
+// A submitting `call`, gated; `counted` once the driver took it, with the
+// access table, where launches are tracked.
+template <typename Call, typename Counted>
+CUresult submit(Call&& call, Counted&& counted) {
+  gmem::pool::Pool* pool = gmem::active_pool();  // resolves the driver on the first call
+  CUresult status;
+  {
+    gmem::gate::Pass pass;
+    status = call();
+  }
+  if (status == CUDA_SUCCESS && pool) {
+    if (gmem::pool::AccessTable* table = pool->access()) counted(*pool, *table);
+  }
+  return status;
+}
+
+template <typename Call>
+CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
+  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+    count(pool, table, f, params, extra, stream, per_thread);
+  });
+}
+
+template <typename Call>
+CUresult launch_graph(CUgraphExec exec, Call&& call) {
+  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+    gmem::graph_access::launched(exec, table, pool.publisher());
+  });
+}
+
+template <typename Call>
+CUresult unload(Call&& call) {
+  gmem::pool::Pool* pool = gmem::active_pool();
+  const bool tracking = pool && pool->access();
+  // Before and after: a handle the unload frees may be reused at once.
+  if (tracking) layouts().new_generation();
+  CUresult status = call();
+  if (tracking) layouts().new_generation();
+  return status;
+}
+
+}  // namespace
+
+GMEM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
+  return launch(f, params, extra, stream, false,
+                [&] { return GMEM_REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
+}
+
+GMEM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                         unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
+                                         void** extra) {
+  return launch(f, params, extra, stream, true, [&] {
+    return GMEM_REAL_AS(cuLaunchKernel_ptsz, cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+  });
+}
+
+GMEM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  return launch(f, params, extra, config ? config->hStream : nullptr, false,
+                [&] { return GMEM_REAL(cuLaunchKernelEx)(config, f, params, extra); });
+}
+
+GMEM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  return launch(f, params, extra, config ? config->hStream : nullptr, true,
+                [&] { return GMEM_REAL_AS(cuLaunchKernelEx_ptsz, cuLaunchKernelEx)(config, f, params, extra); });
+}
+
+GMEM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shared, CUstream stream,
+                                               void** params) {
+  return launch(f, params, nullptr, stream, false, [&] {
+    return GMEM_REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+  });
+}
+
+GMEM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                                    unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                                    CUstream stream, void** params) {
+  return launch(f, params, nullptr, stream, true, [&] {
+    return GMEM_REAL_AS(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shared,
+                                                                                   stream, params);
+  });
+}
+
+GMEM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return launch_graph(exec, [&] { return GMEM_REAL(cuGraphLaunch)(exec, stream); });
+}
+
+GMEM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  return launch_graph(exec, [&] { return GMEM_REAL_AS(cuGraphLaunch_ptsz, cuGraphLaunch)(exec, stream); });
+}
+
+GMEM_EXPORT CUresult cuModuleUnload(CUmodule module) {
+  return unload([&] { return GMEM_REAL(cuModuleUnload)(module); });
+}
+
+GMEM_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+  return unload([&] { return GMEM_REAL(cuLibraryUnload)(library); });
+}

@@ -1,0 +1,120 @@
+"""What launches touch, seen by gmem under an unmodified PyTorch job on a GPU
+(pool/access.h, track_access): the layouts the driver gives for PyTorch's and
+cuBLAS's kernels, and their launches, must count the pool ranges they use.
+
+One child under the shim with GMEM_CONF=pool:vmm,device_budget:--budget,
+peer_budget:0,host_budget:8G: a tensor of --gb GB spills partly to pinned host
+memory; then, each read from its stats file (include/gmem/stats.h):
+  - an in-place add over the tensor (an elementwise kernel) must add launches
+    and a whole multiple of the device's host_bytes to host_access_bytes (the
+    tensor is the only allocation with host memory; one per kernel that
+    touches it);
+  - a matrix product of small device tensors must add launches and no host bytes;
+  - --graph: the add captured into a CUDA graph adds nothing when captured, and
+    a whole multiple of its host bytes at each replay, the same at each.
+Prints the figures and BENCH access_check_*; exits 1 on a wrong count.
+
+  LD_PRELOAD is set by this script: python3 tests/gpu/access_check.py --shim .carry/libcuda.so.1
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gmem_stats  # noqa: E402
+
+GB = 1 << 30
+
+
+def child(args):
+    import torch
+    big = torch.zeros(int(args.gb * GB) // 4, dtype=torch.float32, device="cuda")
+    small = [torch.randn(256, 256, device="cuda") for _ in range(2)]
+    torch.cuda.synchronize()
+    result = {}
+
+    def figures():
+        torch.cuda.synchronize()
+        return gmem_stats.read_own(0)
+
+    start = figures()
+    result["host_bytes"] = start["host_bytes"]
+    big.add_(1)
+    after_add = figures()
+    result["add"] = {k: after_add[k] - start[k] for k in ("access_launches", "host_access_bytes")}
+    torch.mm(small[0], small[1])
+    after_mm = figures()
+    result["mm"] = {k: after_mm[k] - after_add[k] for k in ("access_launches", "host_access_bytes")}
+    if args.graph:
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            big.add_(1)  # warm up on the side stream, as torch's graph docs do
+        torch.cuda.synchronize()
+        before = figures()
+        with torch.cuda.graph(graph, stream=stream):
+            big.add_(1)
+        captured = figures()
+        for _ in range(3):
+            graph.replay()
+        replayed = figures()
+        result["graph_capture"] = captured["host_access_bytes"] - before["host_access_bytes"]
+        result["graph_replays"] = replayed["host_access_bytes"] - captured["host_access_bytes"]
+    print(json.dumps(result))
+    return 0
+
+
+def check(r, graph):
+    """The failures, in words."""
+    bad = []
+    host = r["host_bytes"]
+    if host == 0:
+        bad.append("the tensor did not spill to the host: raise --gb or lower --budget")
+    def multiple(n):
+        return host and n >= host and n % host == 0
+
+    if r["add"]["access_launches"] < 1 or not multiple(r["add"]["host_access_bytes"]):
+        bad.append(f"add: {r['add']} for {host} host bytes (want >= 1 launch, a whole multiple of the host bytes)")
+    if r["mm"]["access_launches"] < 1 or r["mm"]["host_access_bytes"] != 0:
+        bad.append(f"mm of device tensors: {r['mm']} (want >= 1 launch, no host bytes)")
+    if graph and (r["graph_capture"] != 0 or r["graph_replays"] != 3 * r["add"]["host_access_bytes"]):
+        bad.append(f"graph: {r['graph_capture']} bytes while captured, {r['graph_replays']} over 3 replays "
+                   f"(want 0, and 3 x the add's {r['add']['host_access_bytes']})")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shim", help="gmem's libcuda.so.1")
+    ap.add_argument("--gb", type=float, default=3.0, help="the spilled tensor, GiB (default 3)")
+    ap.add_argument("--budget", default="2G", help="device_budget (default 2G)")
+    ap.add_argument("--graph", action="store_true", help="check a captured CUDA graph too")
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if not args.shim:
+        ap.error("--shim is needed")
+    env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.shim),
+               GMEM_CONF=f"pool:vmm,device_budget:{args.budget},device_reserve:0,peer_budget:0,host_budget:8G,"
+                         "host_prepare:0,migrate_after_ms:0")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--gb", str(args.gb)] + (["--graph"] * args.graph)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        print(f"access_check: the child failed (exit {p.returncode}):\n{p.stdout}{p.stderr}", file=sys.stderr)
+        return 1
+    r = json.loads(lines[-1])
+    print(json.dumps(r, indent=1))
+    print(f"BENCH access_check_add_host_access_gb {r['add']['host_access_bytes'] / 1e9:.3f} GB")
+    print(f"BENCH access_check_spilled_host_gb {r['host_bytes'] / 1e9:.3f} GB")
+    bad = check(r, args.graph)
+    for b in bad:
+        print(f"access_check: {b}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+// What launches reference (pool/access.h), through the driver API under the
+// shim on the emulated driver: kernels are PTX signatures the emulator reads
+// (tests/emu/module.cpp), graphs record nothing (tests/emu/graph.cpp). Device 0 has a 16 MiB budget, so a 16 MiB allocation
+// beside an 8 MiB one lies partly in pinned host memory.
+// meson runs it with GMEM_CONF pool:vmm,device_budget:16M,peer_budget:0,
+// host_budget:48M,host_prepare:0,device_reserve:0,migrate_after_ms:0 (Track.*),
+// and the same with track_access:0 (Untracked.*).
+#include <cuda.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "own_stats.h"
+
+namespace {
+
+constexpr std::size_t mib = 1 << 20;
+using gmem_test::OwnStats;
+
+const char* const ptx = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry two_pointers(.param .u64 a, .param .u64 b, .param .u32 n, .param .u64 c) { ret; }
+.visible .entry halves(.param .u32 lo, .param .u32 hi) { ret; }
+.visible .entry misaligned(.param .u32 x, .param .align 8 .b8 s[16]) { ret; }
+)";
+
+struct Figures {
+  uint64_t launches, host;
+};
+
+Figures figures() {
+  OwnStats stats;
+  return {stats.device(0, GMEM_STAT_access_launches), stats.device(0, GMEM_STAT_host_access_bytes)};
+}
+
+class Access : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleLoadData(&module_, ptx), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&halves_, module_, "halves"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&misaligned_, module_, "misaligned"), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemAlloc_v2(&on_device_, 8 * mib), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemAlloc_v2(&spilled_, 16 * mib), CUDA_SUCCESS);
+    host_ = OwnStats().placement(spilled_).host_bytes;
+    ASSERT_GT(host_, 0u) << "the second allocation should spill to the host";
+    ASSERT_EQ(OwnStats().placement(on_device_).host_bytes, 0u);
+  }
+  void TearDown() override {
+    EXPECT_EQ(cuMemFree_v2(on_device_), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree_v2(spilled_), CUDA_SUCCESS);
+    EXPECT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
+    EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  }
+  CUresult launch_two(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, unsigned grid = 1) {
+    unsigned n = 7;
+    void* params[] = {&a, &b, &n, &c};
+    return cuLaunchKernel(two_, grid, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr);
+  }
+
+  CUcontext ctx_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction two_ = nullptr, halves_ = nullptr, misaligned_ = nullptr;
+  CUdeviceptr on_device_ = 0, spilled_ = 0;
+  uint64_t host_ = 0;
+};
+
+using Track = Access;
+using Untracked = Access;
+
+// Two addresses in the spilled range count it once; the device range adds a
+// launch's reference but no host bytes.
+TEST_F(Track, ALaunchCountsEachRangeItReferencesOnce) {
+  const Figures before = figures();
+  ASSERT_EQ(launch_two(on_device_, spilled_ + 12 * mib + 8, spilled_), CUDA_SUCCESS);
+  const Figures after = figures();
+  EXPECT_EQ(after.launches - before.launches, 1u);
+  EXPECT_EQ(after.host - before.host, host_);
+  ASSERT_EQ(launch_two(on_device_, on_device_ + 4, on_device_), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - after.launches, 1u);
+  EXPECT_EQ(figures().host, after.host);
+}
+
+TEST_F(Track, WordsOutsideThePoolAndRefusedLaunchesCountNothing) {
+  const Figures before = figures();
+  int on_host = 0;
+  ASSERT_EQ(launch_two(reinterpret_cast<CUdeviceptr>(&on_host), 0, spilled_ + 16 * mib), CUDA_SUCCESS);
+  EXPECT_EQ(launch_two(spilled_, spilled_, spilled_, 0), CUDA_ERROR_INVALID_VALUE);  // an empty grid
+  const Figures after = figures();
+  EXPECT_EQ(after.launches, before.launches);
+  EXPECT_EQ(after.host, before.host);
+}
+
+// A word is a reference only where the layout has an aligned 8-byte word of
+// one parameter: two 4-byte parameters that together spell an address, or an
+// address at offset 4 of a structure, are not.
+TEST_F(Track, OnlyAlignedWordsOfOneParameterAreReferences) {
+  const Figures before = figures();
+  uint32_t lo = uint32_t(spilled_), hi = uint32_t(spilled_ >> 32);
+  void* halves[] = {&lo, &hi};
+  ASSERT_EQ(cuLaunchKernel(halves_, 1, 1, 1, 1, 1, 1, 0, nullptr, halves, nullptr), CUDA_SUCCESS);
+  uint32_t x = 0;
+  unsigned char s[16] = {};
+  std::memcpy(s + 4, &spilled_, 8);
+  void* misaligned[] = {&x, s};
+  ASSERT_EQ(cuLaunchKernel(misaligned_, 1, 1, 1, 1, 1, 1, 0, nullptr, misaligned, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, before.launches);
+  std::memcpy(s + 8, &spilled_, 8);  // the structure's second aligned word
+  ASSERT_EQ(cuLaunchKernel(misaligned_, 1, 1, 1, 1, 1, 1, 0, nullptr, misaligned, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, before.launches + 1);
+  EXPECT_EQ(figures().host - before.host, host_);
+}
+
+// The `extra` form, cuLaunchKernelEx, cooperative launches and the per-thread
+// entry points count as cuLaunchKernel does.
+TEST_F(Track, EveryLaunchEntryPointCounts) {
+  const Figures before = figures();
+  unsigned char buffer[32] = {};
+  std::memcpy(buffer + 8, &spilled_, 8);
+  std::size_t size = sizeof buffer;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, extra), CUDA_SUCCESS);
+  CUdeviceptr a = spilled_, b = 0, c = 0;
+  unsigned n = 0;
+  void* params[] = {&a, &b, &n, &c};
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = config.blockDimY = config.blockDimZ = 1;
+  ASSERT_EQ(cuLaunchKernelEx(&config, two_, params, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuLaunchCooperativeKernel(two_, 1, 1, 1, 1, 1, 1, 0, nullptr, params), CUDA_SUCCESS);
+  // What cudart calls under --default-stream per-thread, found as it finds it.
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status;
+  ASSERT_EQ(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status),
+            CUDA_SUCCESS);
+  ASSERT_NE(fn, nullptr);
+  ASSERT_EQ(reinterpret_cast<decltype(&cuLaunchKernel)>(fn)(two_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr),
+            CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 4u);
+  EXPECT_EQ(figures().host - before.host, 4 * host_);
+}
+
+// A module unloaded and another loaded may reuse its handles: the layout is asked again.
+TEST_F(Track, ALayoutIsAskedAgainAfterAnUnload) {
+  ASSERT_EQ(launch_two(spilled_, 0, 0), CUDA_SUCCESS);
+  const CUfunction old = two_;
+  ASSERT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
+  const char* other = ".visible .entry two_pointers(.param .u32 n, .param .u32 m, .param .u64 a) { ret; }";
+  ASSERT_EQ(cuModuleLoadData(&module_, other), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
+  // With the old layout, its fourth parameter would be read past the three given.
+  if (two_ != old) GTEST_SKIP() << "the emulator gave the new kernel a handle of its own";
+  const Figures before = figures();
+  uint32_t n = uint32_t(spilled_), m = uint32_t(spilled_ >> 32);
+  CUdeviceptr a = on_device_;
+  void* params[] = {&n, &m, &a};
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 1u);
+  EXPECT_EQ(figures().host, before.host);  // only the device range: the u32 pair is no word
+}
+
+// A launch captured into a graph runs at each launch of the graph, not when
+// captured: its references count then, once per graph launch.
+TEST_F(Track, CapturedLaunchesCountAtEachLaunchOfTheirGraph) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const Figures before = figures();
+  ASSERT_EQ(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr a = spilled_, b = on_device_, c = spilled_ + 4;
+  unsigned n = 0;
+  void* params[] = {&a, &b, &n, &c};
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, before.launches);  // nothing ran yet
+  ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 2u);
+  EXPECT_EQ(figures().host - before.host, 2 * host_);
+  // Outside a capture the stream's launches count at once again.
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 3u);
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+TEST_F(Untracked, LaunchesAreNotLookedAt) {
+  ASSERT_EQ(launch_two(spilled_, spilled_, spilled_), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, 0u);
+  EXPECT_EQ(figures().host, 0u);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  char dir[] = "/tmp/gmem-access-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  gmem_test::stats_dir = dir;
+  std::string conf = std::string(getenv("GMEM_TEST_CONF") ? getenv("GMEM_TEST_CONF") : "pool:vmm") +
+                     ",stats_dir:" + gmem_test::stats_dir;
+  setenv("GMEM_CONF", conf.c_str(), 1);
+  int status = RUN_ALL_TESTS();
+  rmdir(dir);
+  return status;
+}
