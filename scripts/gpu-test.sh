@@ -313,18 +313,20 @@ step environment 60 environment
 preload=(env LD_PRELOAD="$shim")
 conformance=$carry/conformance
 step conformance-real 120 "$conformance"
-step conformance-shim 120 "${preload[@]}" "$conformance"
+# The pass-through (pool:driver), and the pool (the default) without spill
+# tiers: the suite expects the driver's out-of-memory past the device.
+step conformance-shim 120 "${preload[@]}" GMEM_CONF=pool:driver "$conformance"
 step conformance-shim-disabled 120 "${preload[@]}" GMEM_CONF=disable:1 "$conformance"
 step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$conformance"
 # The suite provokes API errors on purpose; memory errors are what count here.
 sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
 step sanitizer-real 180 "${sanitizer[@]}" "$conformance"
-step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" "$conformance"
+step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" GMEM_CONF=peer_budget:0,host_budget:0 "$conformance"
 
 step driver-job 60 job_matches "$carry/driver-job" "$carry/driver-job-dlopen"
 step lazy 30 "${preload[@]}" "$carry/lazy-probe"
 step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
-step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
+step stress 120 "${preload[@]}" GMEM_CONF=report:1,pool:driver "$carry/stress" 16 2000
 step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
 # stitch fills the device until it is out of memory: no spill tiers there.
 step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$carry/stitch"
@@ -406,7 +408,8 @@ benches=("$carry"/bench/*)
 for b in "${benches[@]}"; do
   name=$(basename "$b")
   [[ $name == bench* ]] || name=bench-$name
-  [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$b" "$shim" "$real"
+  [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    GMEM_CONF=pool:driver "$b" "$shim" "$real"
 done
 # Every pair a pool hit: the pool's cost against the driver's alloc and free.
 step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \

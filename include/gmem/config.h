@@ -14,9 +14,10 @@
   X(report, flag, "0",                                                               \
     "1: print a summary of the allocations seen (counts, live and peak bytes) to "   \
     "stderr at exit")                                                                \
-  X(pool, source, "driver",                                                          \
-    "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
-    "pool of cached, stitched VMM chunks; experimental)")                           \
+  X(pool, source, "vmm",                                                             \
+    "where cuMemAlloc memory comes from: vmm (gmem's pool of cached, stitched VMM "   \
+    "chunks, which spills past the device) or driver (the real driver, as without " \
+    "gmem; the pass-through)")                                                       \
   X(pool_headroom, percent, "1.5",                                                   \
     "pool:vmm makes new memory while it holds at most this percentage more than its " \
     "peak use; beyond, it remakes free chunks at the size needed and waits for "       \

@@ -25,7 +25,8 @@ TEST(Config, ReadsEveryKey) {
   EXPECT_TRUE(r.config.report);
   EXPECT_EQ(r.config.log_level, spdlog::level::debug);
   EXPECT_EQ(parse_config("pool:vmm").config.pool, config_type::source::vmm);
-  EXPECT_EQ(parse_config("").config.pool, config_type::source::driver);
+  EXPECT_EQ(parse_config("").config.pool, config_type::source::vmm);
+  EXPECT_EQ(parse_config("pool:driver").config.pool, config_type::source::driver);
   EXPECT_EQ(parse_config("pool:heap").error, "bad value 'heap' for key 'pool' (expected driver or vmm)");
   EXPECT_EQ(parse_config("log_level:off").config.log_level, spdlog::level::off);
   EXPECT_EQ(parse_config("log_level:warn").config.log_level, spdlog::level::warn);
