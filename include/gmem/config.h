@@ -50,6 +50,12 @@
     "no allocation has been served with spilled memory for this long (and for twice " \
     "the longest gap between such allocations, at most 5 minutes) and the device has " \
     "room again; the program's launches and copies pause while it moves; 0: never")  \
+  X(torch_retry, flag, "1",                                                          \
+    "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
+    "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
+    "request that would spill is refused with out of memory, torch frees its cache "   \
+    "and asks again, and that retry is served, spilling if it must; no other caller "  \
+    "is ever refused")                                                                  \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \

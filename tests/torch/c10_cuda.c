@@ -1,0 +1,87 @@
+// Reproduces what DeviceCachingAllocator::malloc of torch 2.x
+// (c10/cuda/CUDACachingAllocator.cpp) asks of the driver, with its default
+// settings: a cached segment that fits; else cudaMalloc (alloc_block); on out
+// of memory, release_available_cached_blocks does nothing (max_split_size
+// unset), release_cached_blocks synchronizes and frees every cached segment,
+// then one last attempt, then OutOfMemoryError. Built as libc10_cuda.so, the
+// name gmem looks for on the stack (interpose/torch_retry.h).
+#include "c10_cuda.h"
+
+enum { max_segments = 256 };
+
+static struct {
+  CUdeviceptr ptr;
+  size_t size;
+  int cached;
+} segments[max_segments];
+static unsigned count, refusals;
+
+static int find(CUdeviceptr ptr) {
+  for (unsigned i = 0; i < count; ++i)
+    if (segments[i].ptr == ptr) return (int)i;
+  return -1;
+}
+
+static void forget(unsigned i) { segments[i] = segments[--count]; }
+
+// The smallest cached segment that holds `size`; -1 if none.
+static int best_fit(size_t size) {
+  int best = -1;
+  for (unsigned i = 0; i < count; ++i) {
+    if (segments[i].cached && segments[i].size >= size && (best < 0 || segments[i].size < segments[best].size))
+      best = (int)i;
+  }
+  return best;
+}
+
+static CUresult alloc_block(CUdeviceptr* ptr, size_t size) {
+  CUresult status = cuMemAlloc(ptr, size);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) ++refusals;
+  return status;
+}
+
+void c10_empty_cache(void) {
+  cuCtxSynchronize();  // synchronize_and_free_events
+  for (unsigned i = 0; i < count;) {
+    if (segments[i].cached) {
+      cuMemFree(segments[i].ptr);
+      forget(i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+CUresult c10_malloc(CUdeviceptr* ptr, size_t size) {
+  int fit = best_fit(size);
+  if (fit >= 0) {
+    segments[fit].cached = 0;
+    *ptr = segments[fit].ptr;
+    return CUDA_SUCCESS;
+  }
+  if (count == max_segments) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult status = alloc_block(ptr, size);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+    c10_empty_cache();  // release_cached_blocks
+    status = alloc_block(ptr, size);
+  }
+  if (status != CUDA_SUCCESS) return status;
+  segments[count].ptr = *ptr;
+  segments[count].size = size;
+  segments[count].cached = 0;
+  ++count;
+  return CUDA_SUCCESS;
+}
+
+void c10_free(CUdeviceptr ptr) {
+  int i = find(ptr);
+  if (i >= 0) segments[i].cached = 1;
+}
+
+size_t c10_cached_bytes(void) {
+  size_t bytes = 0;
+  for (unsigned i = 0; i < count; ++i) bytes += segments[i].cached ? segments[i].size : 0;
+  return bytes;
+}
+
+unsigned c10_refusals(void) { return refusals; }
