@@ -444,6 +444,29 @@ if named spill-train-lm; then
   step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
 fi
 
+# PyTorch's default caching allocator under nothing but LD_PRELOAD (no
+# GMEM_CONF, no PYTORCH_CUDA_ALLOC_CONF; torch_retry:1 makes torch give its
+# cache back before gmem spills): the LM at the largest batch expandable_segments
+# trains (176, about 0.9x an H100) and at about 1.5x the GPU (288), with torch's
+# reserved and allocated bytes and gmem's cached-free bytes when most spilled;
+# and its losses at batch 96 equal those without gmem. Minutes each, so only when named.
+if named torch-default-lm; then
+  step torch-default-lm 300 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/torch-default" \
+    --setting gmem-default --job lm --sizes 176 288
+fi
+torch_default_losses() {
+  local dir=$out/torch-default-losses
+  mkdir -p "$dir"
+  python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 96 --steps 5 \
+    --setting gmem-default --losses "$dir/gmem-default.json" || return 1
+  python3 tests/gpu/spill_train.py --out "$dir" --job lm --size 96 --steps 5 \
+    --setting stock --losses "$dir/stock.json" || return 1
+  python3 tests/gpu/spill_train.py --compare "$dir/gmem-default.json" "$dir/stock.json"
+}
+if named torch-default-losses; then
+  step torch-default-losses 240 torch_default_losses
+fi
+
 # Last, as the time budget cuts from the end: training with the VMM pool serving
 # every tensor (cudaMallocAsync) and torch's segments (default).
 step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf pool:vmm --allocators async default

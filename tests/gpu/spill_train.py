@@ -85,6 +85,8 @@ def step_times(args):
         if r["ok"]:
             print(f"\n{size}, {args.setting} ({r['log']}):")
             print(tiers_line(size, r))
+            if "spilled_sample" in r:
+                print(spilled_line(size, r))
             if r["report"]:
                 print("```\n" + "\n".join(r["report"]) + "\n```")
     print()
@@ -111,6 +113,18 @@ def tiers_line(size, r):
             f"peer {peer / GB:.1f}, host {host / GB:.1f} GB (peak held {t['peak_reserved_bytes'] / GB:.1f} GB); "
             f"live: device {t['device_bytes'] / GB:.1f}, peer {t['peer_bytes'] / GB:.1f}, "
             f"host {t['host_bytes'] / GB:.1f} GB")
+
+
+def spilled_line(size, r):
+    """Free cached memory when gmem held the most in its tiers: torch's
+    (reserved - allocated) and gmem's own, beside what was spilled."""
+    t = r["spilled_sample"]
+    return (f"- {size}, most spilled after a step: host {t['gmem_host_bytes'] / GB:.1f} GB, "
+            f"peer {t['gmem_peer_bytes'] / GB:.1f} GB; torch reserved {t['torch_reserved'] / GB:.1f} GB "
+            f"for {t['torch_allocated'] / GB:.1f} GB allocated "
+            f"(cached free {(t['torch_reserved'] - t['torch_allocated']) / GB:.1f} GB, "
+            f"{r['torch_alloc_retries']} allocation retries); gmem cached free "
+            f"{t['gmem_cached_free_bytes'] / GB:.1f} GB")
 
 
 def describe(r):
@@ -201,7 +215,7 @@ def main():
         if not args.sizes or args.size is not None:
             ap.error("the step-time mode needs --sizes (--size is for --losses)")
         used = [args.setting] + ([args.reference_setting] if args.reference else [])
-    if any(sweep.SETTINGS[s][1] for s in used) and not args.shim:
+    if any(sweep.SETTINGS[s][1] is not None for s in used) and not args.shim:
         ap.error("--shim is needed for the gmem settings")
     os.makedirs(args.out, exist_ok=True)
     return losses(args) if args.losses else step_times(args)
