@@ -9,17 +9,26 @@ namespace gmem {
 
 namespace {
 
-// Whether PyTorch's CUDA allocator (libc10_cuda.so, also when versioned) is
-// on the calling thread's stack: it calls cudaMalloc itself, through cudart.
+bool named(const char* path, const char* prefix) {
+  const char* slash = std::strrchr(path, '/');
+  const char* name = slash ? slash + 1 : path;
+  return std::strncmp(name, prefix, std::strlen(prefix)) == 0;
+}
+
+// Whether the request comes from PyTorch's CUDA allocator (libc10_cuda.so,
+// also when versioned): the first frame outside the shim and the CUDA runtime
+// (cudaMalloc) is in it. A library torch called (cuBLAS, NCCL) that allocates
+// has torch further up its stack, never as its caller.
 bool called_from_torch() {
+  Dl_info self;
+  if (!dladdr(reinterpret_cast<void*>(&called_from_torch), &self)) return false;
   void* frames[64];
   const int depth = backtrace(frames, 64);
   for (int i = 0; i < depth; ++i) {
     Dl_info info;
-    if (!dladdr(frames[i], &info) || !info.dli_fname) continue;
-    const char* slash = std::strrchr(info.dli_fname, '/');
-    const char* name = slash ? slash + 1 : info.dli_fname;
-    if (std::strncmp(name, "libc10_cuda.so", 14) == 0) return true;
+    if (!dladdr(frames[i], &info) || !info.dli_fname) return false;
+    if (info.dli_fbase == self.dli_fbase || named(info.dli_fname, "libcudart.so")) continue;
+    return named(info.dli_fname, "libc10_cuda.so");
   }
   return false;
 }

@@ -15,8 +15,9 @@ namespace gmem {
 // (release_cached_blocks) and calls it a last time before raising
 // OutOfMemoryError. So a refused request's next attempt may be the last one:
 // it is always served, and gmem refuses a thread's request again only once it
-// asks for another size. The caller is named only on this rare path: a frame
-// of libc10_cuda.so on the stack (backtrace, dladdr). No other caller is refused.
+// asks for another size. The caller is named only on this rare path: the
+// first frame outside the shim and libcudart.so is in libc10_cuda.so
+// (backtrace, dladdr). No other caller is refused.
 class TorchRetry final : public pool::SpillVeto {
  public:
   bool refuse(std::size_t size) override;

@@ -19,6 +19,8 @@ void c10_empty_cache(void);
 size_t c10_cached_bytes(void);
 // The requests the driver refused with out of memory, retried or not.
 unsigned c10_refusals(void);
+// Calls `work`, as torch calls a library (cuBLAS) that may allocate itself.
+void c10_call(void (*work)(void*), void* arg);
 
 #ifdef __cplusplus
 }

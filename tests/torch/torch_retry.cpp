@@ -113,6 +113,26 @@ TEST_F(Torch, PlainCallerIsNeverRefused) {
   EXPECT_EQ(refusals(), 0u);
 }
 
+// A library torch calls (cuBLAS, NCCL) allocating itself has torch on its
+// stack, not as its caller: never refused.
+TEST_F(Torch, LibraryTorchCallsIsNeverRefused) {
+  fill_half_cached();
+  struct Request {
+    CUdeviceptr ptr = 0;
+    CUresult status = CUDA_ERROR_UNKNOWN;
+  } request;
+  c10_call(
+      [](void* arg) {
+        auto* r = static_cast<Request*>(arg);
+        r->status = cuMemAlloc(&r->ptr, 30 * mib);
+      },
+      &request);
+  ASSERT_EQ(request.status, CUDA_SUCCESS);
+  plain_.push_back(request.ptr);
+  EXPECT_GT(host_bytes(), 0u);
+  EXPECT_EQ(c10_cached_bytes(), 24 * mib);
+}
+
 // torch_retry:0: torch's request spills while its cache holds 24 MiB.
 TEST_F(Torch, TorchRetryOffSpillsBesideTheCache) {
   fill_half_cached();
