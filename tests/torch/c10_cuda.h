@@ -19,6 +19,10 @@ void c10_empty_cache(void);
 size_t c10_cached_bytes(void);
 // The requests the driver refused with out of memory, retried or not.
 unsigned c10_refusals(void);
+// PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb: segments of at least `size`
+// bytes are oversize, and on out of memory torch first frees only those (0:
+// unset, torch's default).
+void c10_set_max_split_size(size_t size);
 // Calls `work`, as torch calls a library (cuBLAS) that may allocate itself.
 void c10_call(void (*work)(void*), void* arg);
 

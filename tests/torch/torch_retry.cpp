@@ -32,6 +32,7 @@ class Torch : public ::testing::Test {
     refusals_ = c10_refusals();
   }
   void TearDown() override {
+    c10_set_max_split_size(0);
     for (CUdeviceptr p : torch_) c10_free(p);
     c10_empty_cache();
     for (CUdeviceptr p : plain_) EXPECT_EQ(cuMemFree(p), CUDA_SUCCESS);
@@ -88,6 +89,24 @@ TEST_F(Torch, LargerThanDeviceAndCacheSpills) {
   for (int i = 0; i < 4; ++i) torch_alloc(6 * mib);
   EXPECT_EQ(refusals(), 1u);
   EXPECT_EQ(host_bytes(), spilled);
+}
+
+// With max_split_size_mb, torch first frees its oversize segments; when they
+// do not cover the request it makes no attempt, and its next one is its last:
+// served, spilling.
+TEST_F(Torch, OversizeReleaseWithoutAnAttemptStillSpills) {
+  c10_set_max_split_size(8 * mib);
+  const CUdeviceptr oversize = torch_alloc(10 * mib);
+  std::vector<CUdeviceptr> small{torch_alloc(6 * mib), torch_alloc(6 * mib)};
+  torch_alloc(6 * mib);
+  torch_alloc(10 * mib);
+  torch_free(oversize);
+  for (CUdeviceptr p : small) torch_free(p);
+  ASSERT_EQ(c10_cached_bytes(), 22 * mib);
+  torch_alloc(50 * mib);  // the device's 26 MiB free and the cache's 22 are not enough
+  EXPECT_EQ(refusals(), 1u);
+  EXPECT_EQ(c10_cached_bytes(), 0u);
+  EXPECT_GT(host_bytes(), 0u);
 }
 
 // A request of another size after a refusal is a new request: refused again first.
