@@ -8,7 +8,8 @@
 #   bash scripts/gpu-test.sh [--quick] [STEP...]
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
-#     Steps that take minutes (spill-train-gnn, spill-train-lm) run only when named in full.
+#     Steps that take minutes (spill-train-gnn, spill-train-lm, torch-default-lm,
+#     torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -452,7 +453,7 @@ fi
 # and its losses at batch 96 equal those without gmem. Minutes each, so only when named.
 if named torch-default-lm; then
   step torch-default-lm 300 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/torch-default" \
-    --setting gmem-default --job lm --sizes 176 288
+    --setting gmem-default --job lm --sizes 176 288 --timeout 200 --must-train
 fi
 torch_default_losses() {
   local dir=$out/torch-default-losses

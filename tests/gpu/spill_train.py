@@ -11,7 +11,8 @@ step times (default): --sizes S... [--reference R]
   held at the end (its stats file) and its `gmem: report` lines. BENCH lines:
   spill_<job>_<size>_step_ms, _gpu_multiple, _vs_in_memory_scaled, and
   spill_<job>_<R>_in_memory_step_ms. A size that runs out of memory is a row
-  saying so; any other failure, or a reference that does not train, fails the run.
+  saying so (and fails the run with --must-train); any other failure, or a
+  reference that does not train, fails the run.
 
 losses: --losses FILE --size S
   One run at S under --setting with torch.use_deterministic_algorithms(True)
@@ -57,7 +58,7 @@ def step_times(args):
     for size in sizes:
         runs[size] = r = sweep.attempt(args, args.setting, size)
         print(f"{args.setting} {args.job} {size}: " + describe(r), flush=True)
-        if not r["ok"] and not r["oom"]:
+        if not r["ok"] and (args.must_train or not r["oom"]):
             failed.append(f"{size} under {args.setting}")
 
     scaled_how = (f"{args.reference_setting} {ref}: {ref_ms:.1f} ms x size / {ref}" if ref_ms
@@ -199,6 +200,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="steps before the timed ones (default 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run (default 600)")
+    ap.add_argument("--must-train", action="store_true",
+                    help="step-time mode: a size that runs out of memory fails the run too")
     ap.add_argument("--out", default=".", help="folder for the runs' logs")
     args = ap.parse_args()
     if args.compare:
