@@ -124,7 +124,8 @@ def spilled_line(size, r):
             f"peer {t['gmem_peer_bytes'] / GB:.1f} GB; torch reserved {t['torch_reserved'] / GB:.1f} GB "
             f"for {t['torch_allocated'] / GB:.1f} GB allocated "
             f"(cached free {(t['torch_reserved'] - t['torch_allocated']) / GB:.1f} GB, "
-            f"{r['torch_alloc_retries']} allocation retries); gmem cached free "
+            f"{r['torch_alloc_retries']} allocation retries, {r['torch_oom_warnings']} out-of-memory "
+            f"warnings); gmem cached free "
             f"{t['gmem_cached_free_bytes'] / GB:.1f} GB")
 
 

@@ -192,7 +192,10 @@ def attempt(args, setting, size, deterministic=False):
         else:  # the report's peak, or without report:1 the stats file's
             physical = int(peak[1]) if peak else result.get("gmem_tiers", {}).get("peak_reserved_bytes", 0)
         report = [line for line in err.splitlines() if line.startswith("gmem: report")]
-        return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log}
+        # torch warns at each cudaMalloc refused with out of memory (gmem's torch_retry refusals too)
+        oom_warnings = err.count("memory allocation failed with OOM")
+        return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log,
+                         "torch_oom_warnings": oom_warnings}
     if code == OOM_EXIT:
         return {"ok": False, "oom": True, "log": log}
     if code == NOT_DETERMINISTIC_EXIT:
