@@ -24,10 +24,17 @@ bool called_from_torch() {
   if (!dladdr(reinterpret_cast<void*>(&called_from_torch), &self)) return false;
   void* frames[64];
   const int depth = backtrace(frames, 64);
+  bool past_self = false;  // frames before the shim's own are the unwinder's (a sanitizer's interceptor)
   for (int i = 0; i < depth; ++i) {
     Dl_info info;
-    if (!dladdr(frames[i], &info) || !info.dli_fname) return false;
-    if (info.dli_fbase == self.dli_fbase || named(info.dli_fname, "libcudart.so")) continue;
+    const bool known = dladdr(frames[i], &info) && info.dli_fname;
+    if (known && info.dli_fbase == self.dli_fbase) {
+      past_self = true;
+      continue;
+    }
+    if (!past_self) continue;
+    if (!known) return false;
+    if (named(info.dli_fname, "libcudart.so")) continue;
     return named(info.dli_fname, "libc10_cuda.so");
   }
   return false;
