@@ -13,6 +13,7 @@
 #include "gmem/internal/log.h"
 #include "interpose/driver_table.h"
 #include "interpose/gate.h"
+#include "interpose/torch_retry.h"
 #include "ipc/exporter.h"
 #include "ipc/importer.h"
 #include "pool/report.h"
@@ -132,6 +133,10 @@ void initialise() {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
                                 rt->config.migrate_after_ms, moving ? &submissions : nullptr, rt->config.track_access);
+      if (use_vmm && rt->config.torch_retry) {
+        static TorchRetry torch_retry;
+        rt->pool->veto_spills(&torch_retry);
+      }
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

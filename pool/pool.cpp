@@ -54,7 +54,7 @@ CUresult Pool::free_tracked(Registry& registry, uint64_t key, FreeCall&& free_ca
   return status;
 }
 
-CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream) {
+CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, SpillVeto* veto) {
   if (!a.context) {
     // No current context: answer as the driver does (not initialised, or none).
     CUresult status = driver_.cuCtxGetCurrent(&a.context);
@@ -63,19 +63,24 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream) {
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet());
-  if (status == CUDA_SUCCESS) {
-    a.key = *dptr = block.base;
-    a.pooled = true;
-    a.physical = block.physical;
-    a.chunks = block.chunks;
-    if (tiers_->spilled(a.device)) {
-      const Split spilled = tiers_->split(block.base, block.size);
-      a.host_bytes = spilled.host;
-      a.peer_bytes = spilled.peer;
+  if (status != CUDA_SUCCESS) return status;
+  if (tiers_->spilled(a.device)) {
+    const Split spilled = tiers_->split(block.base, block.size);
+    // Whether a request would spill is known once it is served: a refused
+    // one's memory goes back to the cache, where its device part serves next.
+    if (veto && (spilled.host || spilled.peer) && !quiet() && veto->refuse(a.size)) {
+      vmm_->free(block.base);
+      return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    allocations_.insert(a);
+    a.host_bytes = spilled.host;
+    a.peer_bytes = spilled.peer;
   }
-  return status;
+  a.key = *dptr = block.base;
+  a.pooled = true;
+  a.physical = block.physical;
+  a.chunks = block.chunks;
+  allocations_.insert(a);
+  return CUDA_SUCCESS;
 }
 
 void Pool::placement_moved(const std::vector<Block>& blocks) {
@@ -86,7 +91,7 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
 }
 
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
-  if (vmm_) return alloc_pooled(dptr, describe(0, size, Kind::device, nullptr), 0);
+  if (vmm_) return alloc_pooled(dptr, describe(0, size, Kind::device, nullptr), 0, spill_veto_);
   CUresult status = driver_.cuMemAlloc_v2(dptr, size);
   if (status == CUDA_SUCCESS) allocations_.insert(describe(*dptr, size, Kind::device, nullptr));
   return status;

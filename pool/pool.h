@@ -52,6 +52,17 @@ class MappedElsewhere {
   ~MappedElsewhere() = default;
 };
 
+// Asked before a cuMemAlloc is served with memory of a spill tier (a peer's
+// or the host's): true refuses it with CUDA_ERROR_OUT_OF_MEMORY, its memory
+// staying in the pool's cache. Not asked while a stream captures.
+class SpillVeto {
+ public:
+  virtual bool refuse(std::size_t size) = 0;
+
+ protected:
+  ~SpillVeto() = default;
+};
+
 class Pool {
  public:
   // With `use_vmm`, device memory comes from gmem's VMM pool; with a
@@ -138,14 +149,17 @@ class Pool {
   // Each is told in the order added; the first to refuse a free stops it.
   void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }
   void describe_elsewhere(MappedElsewhere* mapped) { elsewhere_ = mapped; }
+  // Who may refuse spilled memory to cuMemAlloc (set once, before use).
+  void veto_spills(SpillVeto* veto) { spill_veto_ = veto; }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
   void publish_uuid(int device) const;
   template <typename Call>
   CUresult with_cache_given_back(Call&& call);
-  // Serves `a` from the VMM pool, ordered on `stream` (0: none).
-  CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream);
+  // Serves `a` from the VMM pool, ordered on `stream` (0: none); `veto` may
+  // refuse it spilled memory.
+  CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, SpillVeto* veto = nullptr);
   bool capturing(CUstream stream, DefaultStream default_stream) const;
   // The mover moved these live allocations' memory: their placement is read again.
   void placement_moved(const std::vector<Block>& blocks);
@@ -169,6 +183,7 @@ class Pool {
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first
   std::vector<FreeObserver*> free_observers_;
   MappedElsewhere* elsewhere_ = nullptr;
+  SpillVeto* spill_veto_ = nullptr;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;

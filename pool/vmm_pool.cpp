@@ -111,8 +111,17 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, R
   if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, true)) {
     r = ranges_.take_cached(device, rounded, most, stream, !spills);
   }
-  // Spilled ranges serve while the device is full.
-  if (!r && spills && stitcher_.device_full(device, rounded)) r = ranges_.take_cached(device, rounded, most, stream, true);
+  // Spilled ranges serve while the device is full and the pool's own free
+  // device chunks cannot make the range either (a program that just gave its
+  // cache back, as PyTorch does on out of memory, gets device memory).
+  auto device_chunks_free = [&] {
+    std::size_t bytes = 0;
+    for (const auto& [key, piece] : pieces_.free(device)) bytes += piece->spilled ? 0 : key.first;
+    return bytes;
+  };
+  if (!r && spills && stitcher_.device_full(device, rounded) && device_chunks_free() < rounded) {
+    r = ranges_.take_cached(device, rounded, most, stream, true);
+  }
   if (r) {
     ++b.work.hits;
   } else {

@@ -8,7 +8,8 @@
 #   bash scripts/gpu-test.sh [--quick] [STEP...]
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
-#     Steps that take minutes (spill-train-gnn, spill-train-lm) run only when named in full.
+#     Steps that take minutes (spill-train-gnn, spill-train-lm, torch-default-lm,
+#     torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -347,13 +348,15 @@ step environment 60 environment
 preload=(env LD_PRELOAD="$shim")
 conformance=$carry/conformance
 step conformance-real 120 "$conformance"
-step conformance-shim 120 "${preload[@]}" "$conformance"
+# The pass-through (pool:driver), and the pool (the default) without spill
+# tiers: the suite expects the driver's out-of-memory past the device.
+step conformance-shim 120 "${preload[@]}" GMEM_CONF=pool:driver "$conformance"
 step conformance-shim-disabled 120 "${preload[@]}" GMEM_CONF=disable:1 "$conformance"
 step conformance-shim-vmm-pool 120 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$conformance"
 # The suite provokes API errors on purpose; memory errors are what count here.
 sanitizer=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
 step sanitizer-real 180 "${sanitizer[@]}" "$conformance"
-step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" "$conformance"
+step sanitizer-shim 180 "${sanitizer[@]}" "${preload[@]}" GMEM_CONF=peer_budget:0,host_budget:0 "$conformance"
 
 step ipc-samples 180 ipc_samples
 step ipc-torch 180 ipc_torch
@@ -361,7 +364,7 @@ step ipc-torch 180 ipc_torch
 step driver-job 60 job_matches "$carry/driver-job" "$carry/driver-job-dlopen"
 step lazy 30 "${preload[@]}" "$carry/lazy-probe"
 step exec-child-lazy 30 "${preload[@]}" "$carry/driver-job" --exec "$carry/lazy-probe"
-step stress 120 "${preload[@]}" GMEM_CONF=report:1 "$carry/stress" 16 2000
+step stress 120 "${preload[@]}" GMEM_CONF=report:1,pool:driver "$carry/stress" 16 2000
 step stress-vmm-pool 120 "${preload[@]}" GMEM_CONF=report:1,pool:vmm "$carry/stress" 16 2000
 # stitch fills the device until it is out of memory: no spill tiers there.
 step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_budget:0 "$carry/stitch"
@@ -443,7 +446,8 @@ benches=("$carry"/bench/*)
 for b in "${benches[@]}"; do
   name=$(basename "$b")
   [[ $name == bench* ]] || name=bench-$name
-  [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$b" "$shim" "$real"
+  [ -x "$b" ] && step "$name" 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    GMEM_CONF=pool:driver "$b" "$shim" "$real"
 done
 # Every pair a pool hit: the pool's cost against the driver's alloc and free.
 step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \
@@ -481,6 +485,29 @@ if named spill-train-gnn; then
 fi
 if named spill-train-lm; then
   step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
+fi
+
+# PyTorch's default caching allocator under nothing but LD_PRELOAD (no
+# GMEM_CONF, no PYTORCH_CUDA_ALLOC_CONF; torch_retry:1 makes torch give its
+# cache back before gmem spills): the LM at the largest batch expandable_segments
+# trains (176, about 0.9x an H100) and at about 1.5x the GPU (288), with torch's
+# reserved and allocated bytes and gmem's cached-free bytes when most spilled;
+# and its losses at batch 96 equal those without gmem. Minutes each, so only when named.
+if named torch-default-lm; then
+  step torch-default-lm 300 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/torch-default" \
+    --setting gmem-default --job lm --sizes 176 288 --timeout 200 --must-train
+fi
+torch_default_losses() {
+  local dir=$out/torch-default-losses
+  mkdir -p "$dir"
+  python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 96 --steps 5 \
+    --setting gmem-default --losses "$dir/gmem-default.json" || return 1
+  python3 tests/gpu/spill_train.py --out "$dir" --job lm --size 96 --steps 5 \
+    --setting stock --losses "$dir/stock.json" || return 1
+  python3 tests/gpu/spill_train.py --compare "$dir/gmem-default.json" "$dir/stock.json"
+}
+if named torch-default-losses; then
+  step torch-default-losses 240 torch_default_losses
 fi
 
 # Last, as the time budget cuts from the end: training with the VMM pool serving

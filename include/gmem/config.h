@@ -14,9 +14,10 @@
   X(report, flag, "0",                                                               \
     "1: print a summary of the allocations seen (counts, live and peak bytes) to "   \
     "stderr at exit")                                                                \
-  X(pool, source, "driver",                                                          \
-    "where cuMemAlloc memory comes from: driver (the real driver) or vmm (gmem's "  \
-    "pool of cached, stitched VMM chunks; experimental)")                           \
+  X(pool, source, "vmm",                                                             \
+    "where cuMemAlloc memory comes from: vmm (gmem's pool of cached, stitched VMM "   \
+    "chunks, which spills past the device) or driver (the real driver, as without " \
+    "gmem; the pass-through)")                                                       \
   X(pool_headroom, percent, "1.5",                                                   \
     "pool:vmm makes new memory while it holds at most this percentage more than its " \
     "peak use; beyond, it remakes free chunks at the size needed and waits for "       \
@@ -54,6 +55,12 @@
     "ranges, counting per range the launches that reference it and the host and "    \
     "peer bytes they may pull (stats: host_access_bytes); 0: launches are not "       \
     "looked at")                                                                      \
+  X(torch_retry, flag, "1",                                                          \
+    "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
+    "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
+    "request that would spill is refused with out of memory, torch frees its cache "   \
+    "and asks again, and that retry is served, spilling if it must; no other caller "  \
+    "is ever refused")                                                                  \
   X(mem_info, mem_info, "device",                                                    \
     "what cuMemGetInfo reports under pool:vmm: device (the device's memory, "         \
     "truthfully) or tiers (plus what peers and the host may still hold, for "        \

@@ -91,7 +91,7 @@ TEST_P(Job, SameResultsUnderEveryLoading) {
   ASSERT_EQ(reference.status, 0) << reference.err;
   ASSERT_NE(reference.out.find("checksum="), std::string::npos);
   for (const Env& env : {preload, library_path, with(preload, "disable:1"), with(library_path, "disable:1"),
-                         with(preload, "pool:vmm")}) {
+                         with(preload, "pool:driver")}) {
     Result r = run({GetParam()}, env);
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, reference.out);
@@ -100,7 +100,7 @@ TEST_P(Job, SameResultsUnderEveryLoading) {
 }
 
 TEST_P(Job, ReportAccountsForEveryAllocation) {
-  for (const Env& env : {with(preload, "report:1"), with(library_path, "report:1"), with(preload, "report:1,pool:vmm")}) {
+  for (const Env& env : {with(preload, "report:1"), with(library_path, "report:1"), with(preload, "report:1,pool:driver")}) {
     Result r = run({GetParam()}, env);
     ASSERT_EQ(r.status, 0) << r.err;
     auto expected = allocations(r.out, "expect");
@@ -127,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, migrate_after_ms, track_access, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, migrate_after_ms, track_access, torch_retry, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {
@@ -183,7 +183,7 @@ TEST_P(Stress, ThreadsAllocatingAndFreeingKeepTheirData) {
   EXPECT_GE(std::stoll(m[1]), 16LL * std::stoll(GMEM_STRESS_ITERATIONS));
 }
 
-INSTANTIATE_TEST_SUITE_P(E2E, Stress, testing::Values("report:1", "report:1,pool:vmm"),
+INSTANTIATE_TEST_SUITE_P(E2E, Stress, testing::Values("report:1,pool:driver", "report:1"),
                          [](const auto& info) { return std::string(info.index ? "vmm_pool" : "driver"); });
 
 TEST(VmmPool, StitchesFreedChunksWhenTheDeviceIsFull) {

@@ -14,8 +14,10 @@ step times (default): --sizes S... [--reference R]
   time, bytes and limit, the tiers gmem held at the end (its stats file) and
   its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
   _gpu_multiple, _vs_in_memory_scaled, _host_access_gb_per_step,
-  _pcie_limit_ms, _step_vs_pcie_limit, and spill_<job>_<R>_in_memory_step_ms. A size that runs out of memory is a row
-  saying so; any other failure, or a reference that does not train, fails the run.
+  _pcie_limit_ms, _step_vs_pcie_limit, and spill_<job>_<R>_in_memory_step_ms.
+  A size that runs out of memory is a row saying so (and fails the run with
+  --must-train); any other failure, or a reference that does not train, fails
+  the run.
 
 losses: --losses FILE --size S
   One run at S under --setting with torch.use_deterministic_algorithms(True)
@@ -62,7 +64,7 @@ def step_times(args):
     for size in sizes:
         runs[size] = r = sweep.attempt(args, args.setting, size)
         print(f"{args.setting} {args.job} {size}: " + describe(r), flush=True)
-        if not r["ok"] and not r["oom"]:
+        if not r["ok"] and (args.must_train or not r["oom"]):
             failed.append(f"{size} under {args.setting}")
 
     scaled_how = (f"{args.reference_setting} {ref}: {ref_ms:.1f} ms x size / {ref}" if ref_ms
@@ -96,6 +98,8 @@ def step_times(args):
             for line in step_lines(r, args.pcie_gbps):
                 print(line)
             print(tiers_line(size, r))
+            if "spilled_sample" in r:
+                print(spilled_line(size, r))
             if r["report"]:
                 print("```\n" + "\n".join(r["report"]) + "\n```")
     print()
@@ -148,6 +152,19 @@ def tiers_line(size, r):
             f"peer {peer / GB:.1f}, host {host / GB:.1f} GB (peak held {t['peak_reserved_bytes'] / GB:.1f} GB); "
             f"live: device {t['device_bytes'] / GB:.1f}, peer {t['peer_bytes'] / GB:.1f}, "
             f"host {t['host_bytes'] / GB:.1f} GB")
+
+
+def spilled_line(size, r):
+    """Free cached memory when gmem held the most in its tiers: torch's
+    (reserved - allocated) and gmem's own, beside what was spilled."""
+    t = r["spilled_sample"]
+    return (f"- {size}, most spilled after a step: host {t['gmem_host_bytes'] / GB:.1f} GB, "
+            f"peer {t['gmem_peer_bytes'] / GB:.1f} GB; torch reserved {t['torch_reserved'] / GB:.1f} GB "
+            f"for {t['torch_allocated'] / GB:.1f} GB allocated "
+            f"(cached free {(t['torch_reserved'] - t['torch_allocated']) / GB:.1f} GB, "
+            f"{r['torch_alloc_retries']} allocation retries, {r['torch_oom_warnings']} out-of-memory "
+            f"warnings); gmem cached free "
+            f"{t['gmem_cached_free_bytes'] / GB:.1f} GB")
 
 
 def describe(r):
@@ -222,6 +239,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="steps before the timed ones (default 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run (default 600)")
+    ap.add_argument("--must-train", action="store_true",
+                    help="step-time mode: a size that runs out of memory fails the run too")
     ap.add_argument("--out", default=".", help="folder for the runs' logs")
     ap.add_argument("--pcie-gbps", type=float, default=51.0,
                     help="host memory bandwidth a kernel gets over PCIe, GB/s per direction, for the limit time "
@@ -241,7 +260,7 @@ def main():
         if not args.sizes or args.size is not None:
             ap.error("the step-time mode needs --sizes (--size is for --losses)")
         used = [args.setting] + ([args.reference_setting] if args.reference else [])
-    if any(sweep.SETTINGS[s][1] for s in used) and not args.shim:
+    if any(sweep.SETTINGS[s][1] is not None for s in used) and not args.shim:
         ap.error("--shim is needed for the gmem settings")
     os.makedirs(args.out, exist_ok=True)
     return losses(args) if args.losses else step_times(args)

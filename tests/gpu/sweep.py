@@ -30,12 +30,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
-SETTINGS = {  # name: (PYTORCH_CUDA_ALLOC_CONF, under gmem)
-    "stock": (None, False),
-    "expandable": ("expandable_segments:True", False),
-    "async": ("backend:cudaMallocAsync", False),
-    "gmem-stock": (None, True),
-    "gmem-async": ("backend:cudaMallocAsync", True),
+# name: (PYTORCH_CUDA_ALLOC_CONF, GMEM_CONF under gmem or None without; "":
+# the shim preloaded and nothing else set, as a new user runs it)
+SETTINGS = {
+    "stock": (None, None),
+    "expandable": ("expandable_segments:True", None),
+    "async": ("backend:cudaMallocAsync", None),
+    "gmem-stock": (None, "pool:vmm,report:1"),
+    "gmem-async": ("backend:cudaMallocAsync", "pool:vmm,report:1"),
+    "gmem-default": (None, ""),
 }
 OOM_EXIT = 3
 NOT_DETERMINISTIC_EXIT = 4  # a deterministic child met an op with no deterministic implementation
@@ -43,6 +46,9 @@ NOT_DETERMINISTIC_EXIT = 4  # a deterministic child met an op with no determinis
 # the child at the end: what each tier holds.
 GMEM_TIERS = ("reserved_bytes", "peak_reserved_bytes", "host_reserved_bytes", "peer_reserved_bytes",
               "device_bytes", "host_bytes", "peer_bytes")
+# Sampled after each timed step; the sample where gmem held the most in its
+# tiers is kept: torch's cached-free bytes (reserved - allocated) beside gmem's.
+GMEM_SPILL = ("cached_free_bytes", "host_bytes", "peer_bytes", "peak_reserved_bytes")
 GMEM_PEAK = re.compile(r"gmem: report vmm-pool device=0 reserved_peak=(\d+)")
 
 
@@ -91,6 +97,20 @@ def child(args):
         torch.use_deterministic_algorithms(True)  # CUBLAS_WORKSPACE_CONFIG comes in the environment
     torch.manual_seed(0)
     losses = []  # Python floats only: .item() each step, no tensor kept
+    under_gmem = "LD_PRELOAD" in os.environ  # attempt() sets it only under gmem
+    spilled = {}
+
+    def sample():
+        import gmem_stats
+        try:
+            figures = gmem_stats.read_own(0)
+        except gmem_stats.StatsError:
+            return
+        now = {"torch_reserved": torch.cuda.memory_reserved(), "torch_allocated": torch.cuda.memory_allocated()}
+        now |= {"gmem_" + k: figures[k] for k in GMEM_SPILL}
+        if not spilled or now["gmem_host_bytes"] + now["gmem_peer_bytes"] >= (
+                spilled["gmem_host_bytes"] + spilled["gmem_peer_bytes"]):
+            spilled.update(now)
     try:
         step = JOBS[args.job](torch, int(args.size))
         for _ in range(args.warmup):
@@ -104,6 +124,8 @@ def child(args):
             times.append(time.perf_counter() - start)
             if before is not None:
                 host_access.append(host_access_bytes() - before)
+            if under_gmem:
+                sample()
     except torch.OutOfMemoryError as e:
         print(json.dumps({"oom": str(e).splitlines()[0][:200]}))
         return OOM_EXIT
@@ -121,8 +143,11 @@ def child(args):
               "losses": [x.hex() for x in losses],
               "gpu": torch.cuda.get_device_name(0),
               "total_memory": torch.cuda.get_device_properties(0).total_memory,
-              "torch": torch.__version__}
-    if "GMEM_CONF" in os.environ:  # attempt() sets it only under gmem
+              "torch": torch.__version__,
+              "torch_alloc_retries": stats.get("num_alloc_retries", 0)}
+    if spilled:
+        result["spilled_sample"] = spilled
+    if under_gmem:
         import gmem_stats
         try:
             figures = gmem_stats.read_own(0)
@@ -139,7 +164,7 @@ def host_access_bytes():
     """gmem's count of the bytes this process's launches referenced in pinned
     host memory so far (include/gmem/stats.h; track_access), or None when not
     under gmem or not readable."""
-    if "GMEM_CONF" not in os.environ:
+    if "LD_PRELOAD" not in os.environ:  # attempt() sets it only under gmem
         return None
     import gmem_stats
     try:
@@ -155,9 +180,10 @@ def attempt(args, setting, size, deterministic=False):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")}
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    if gmem:
+    if gmem is not None:
         env["LD_PRELOAD"] = os.path.abspath(args.shim)
-        env["GMEM_CONF"] = ",".join(filter(None, ["pool:vmm,report:1", args.conf]))
+    if gmem:
+        env["GMEM_CONF"] = ",".join(filter(None, [gmem, args.conf]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", args.job, "--size", str(size),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     shown_keys = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
@@ -179,9 +205,15 @@ def attempt(args, setting, size, deterministic=False):
     result = json.loads(lines[-1]) if lines else {}
     if code == 0 and "step_ms" in result:
         peak = GMEM_PEAK.search(err)
-        physical = int(peak[1]) if gmem and peak else result["reserved_peak"]
+        if gmem is None:
+            physical = result["reserved_peak"]
+        else:  # the report's peak, or without report:1 the stats file's
+            physical = int(peak[1]) if peak else result.get("gmem_tiers", {}).get("peak_reserved_bytes", 0)
         report = [line for line in err.splitlines() if line.startswith("gmem: report")]
-        return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log}
+        # torch warns at each cudaMalloc refused with out of memory (gmem's torch_retry refusals too)
+        oom_warnings = err.count("memory allocation failed with OOM")
+        return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log,
+                         "torch_oom_warnings": oom_warnings}
     if code == OOM_EXIT:
         return {"ok": False, "oom": True, "log": log}
     if code == NOT_DETERMINISTIC_EXIT:
@@ -199,7 +231,8 @@ def main():
     ap.add_argument("--size", type=float, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)  # the child's
-    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS),
+                    default=[s for s in SETTINGS if s != "gmem-default"])
     ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the gmem runs")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per try")
@@ -212,7 +245,7 @@ def main():
         return child(args)
     if not args.sizes:
         ap.error("--sizes is needed")
-    if any(SETTINGS[s][1] for s in args.settings) and not args.shim:
+    if any(SETTINGS[s][1] is not None for s in args.settings) and not args.shim:
         ap.error("--shim is needed for the gmem settings")
     os.makedirs(args.out, exist_ok=True)
     sizes = sorted(int(s) for s in args.sizes)

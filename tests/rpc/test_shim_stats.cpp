@@ -110,8 +110,9 @@ TEST_P(ShimStats, GmemctlReportsWhatDriverProgramsAllocated) {
   EXPECT_FALSE(fs::exists(stats_ + "/gmem." + std::to_string(spread_pid)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Pools, ShimStats, testing::Values("", "pool:vmm"),
-                         [](const auto& info) { return *info.param ? "vmm" : "driver"; });
+// The pass-through, and the default: the VMM pool.
+INSTANTIATE_TEST_SUITE_P(Pools, ShimStats, testing::Values("pool:driver", ""),
+                         [](const auto& info) { return *info.param ? "driver" : "vmm"; });
 
 TEST_F(Gmemd, RunPutsAJobUnderTheShimFoundNextToGmemctl) {
   // No --shim: gmemctl finds the build tree's shim from its own location.
