@@ -75,6 +75,8 @@ void to_proto(const PlacementSnapshot& in, v1::GetPlacementResponse* out) {
     a->set_tier(static_cast<v1::Tier>(p.tier));
     a->set_kind(static_cast<v1::Kind>(p.kind));
     a->set_chunks(p.chunks);
+    a->set_host_bytes(p.host_bytes);
+    a->set_peer_bytes(p.peer_bytes);
   }
   out->set_dropped(in.info.placement_dropped);
   out->set_unstable(in.unstable);

@@ -7,9 +7,7 @@
 #include <map>
 
 namespace gmem::rpc {
-namespace {
 
-std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string printf_string(const char* format, ...) {
   char buffer[512];
   va_list args;
@@ -38,8 +36,6 @@ const char* kind_text(int kind) {
   }
   return "?";
 }
-
-}  // namespace
 
 std::string human_bytes(uint64_t bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

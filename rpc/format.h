@@ -11,6 +11,10 @@ namespace gmem::rpc {
 // 1536 -> "1.5 KiB"; exact bytes below 1 KiB.
 std::string human_bytes(uint64_t bytes);
 std::string state_text(v1::StatsState state);
+const char* tier_text(int tier);
+const char* kind_text(int kind);
+// snprintf into a std::string (up to 511 characters).
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 std::string ps_table(const v1::ListProcessesResponse& response);
 std::string stats_table(const v1::GetStatsResponse& response);

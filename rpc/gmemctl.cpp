@@ -9,6 +9,7 @@
 #include "rpc/client.h"
 #include "rpc/format.h"
 #include "rpc/paths.h"
+#include "rpc/placement_summary.h"
 #include "rpc/run_job.h"
 #include "rpc/top.h"
 
@@ -23,12 +24,22 @@ const char* footer =
     "  gmemctl top                           live view of every job under gmem\n"
     "  gmemctl ps --json                     the processes, as JSON\n"
     "  gmemctl stats 4242                    one process's figures per device\n"
-    "  gmemctl placement 4242 --device 0     its live allocations on device 0\n"
+    "  gmemctl placement 4242 --device 0     where its memory on device 0 lies: tiers, kinds, largest\n"
     "  gmemctl daemon -- --metrics 127.0.0.1:9464   gmemd in the foreground, with Prometheus metrics\n"
     "\n"
     "Exit codes: 0 ok, 1 gmemd answered with an error, 2 usage error, 3 no gmemd answers,\n"
     "4 no such process under gmem, 5 refused by gmemd (another user's daemon);\n"
     "`run` returns the job's own exit status.";
+
+const char* placement_footer =
+    "Without --all: the live allocations summed by tier, bytes counted where they lie\n"
+    "(device: the GPU's own memory; peer: another GPU's; host: pinned host memory; an\n"
+    "allocation split between tiers counts in each), then by kind (alloc: cuMemAlloc,\n"
+    "pitch: cuMemAllocPitch, managed: cuMemAllocManaged, async: cuMemAllocAsync) with\n"
+    "<=1MiB (small allocations, which the pool carves from shared 2 MiB slabs) and\n"
+    "STITCHED (ranges mapped from more than one physical chunk), then the largest\n"
+    "allocations with their bytes on the device, a peer and the host.\n"
+    "--all: one row per allocation instead; --json: the gmem.v1 message, every allocation.";
 
 // Prints a message as JSON or as a table, or reports the error.
 template <typename Message>
@@ -59,9 +70,17 @@ int main(int argc, char** argv) {
   stats->add_option("--rate-ms", rate_ms, "between the two samples that give host-access bytes per second")
       ->check(CLI::Range(10, 60000))
       ->capture_default_str();
-  auto* placement = app.add_subcommand("placement", "a process's live allocations: ranges, tiers, kinds, chunks");
+  auto* placement =
+      app.add_subcommand("placement", "where a process's live allocations lie: bytes by tier and kind, the largest");
+  placement->footer(placement_footer);
   placement->add_option("PID", pid, "the process")->required()->check(CLI::PositiveNumber);
   placement->add_option("--device", device, "only this device's allocations")->check(CLI::NonNegativeNumber);
+  bool every_row = false;
+  std::size_t largest = 10;
+  auto* all_flag = placement->add_flag("--all", every_row, "every allocation, one row each, instead of the summary");
+  placement->add_option("--top", largest, "how many of the largest allocations the summary lists")
+      ->capture_default_str()
+      ->excludes(all_flag);
   for (CLI::App* read : {ps, stats, placement}) read->add_flag("--json", json, "print the gmem.v1 message as JSON");
   auto* top = app.add_subcommand("top", "live full-screen view: bytes on device/peer/host, fragmentation, rates");
   int interval_ms = 1000;
@@ -123,5 +142,7 @@ int main(int argc, char** argv) {
   if (device >= 0) request.set_device(device);
   v1::GetPlacementResponse response;
   auto status = client.stub().GetPlacement(client.context().get(), request, &response);
-  return show(client, status, response, json, placement_table);
+  if (!status.ok() || json || every_row) return show(client, status, response, json, placement_table);
+  std::cout << placement_summary(response, largest) << std::flush;
+  return exit_ok;
 }

@@ -231,7 +231,8 @@ PlacementSnapshot StatsFile::placement(int device) const {
     std::memcpy(&raw, copy.data() + i * entry_words, sizeof raw);
     if (raw.size == 0) continue;
     if (device >= 0 && raw.device != device) continue;
-    out.allocations.push_back({raw.base, raw.size, raw.physical, raw.device, raw.tier, raw.kind, raw.chunks});
+    out.allocations.push_back(
+        {raw.base, raw.size, raw.physical, raw.device, raw.tier, raw.kind, raw.chunks, raw.host_bytes, raw.peer_bytes});
   }
   std::sort(out.allocations.begin(), out.allocations.end(),
             [](const Placement& a, const Placement& b) { return a.base < b.base; });

@@ -30,6 +30,7 @@ struct Placement {
   int32_t device = -1;
   uint8_t tier = 0, kind = 0;
   uint16_t chunks = 0;
+  uint64_t host_bytes = 0, peer_bytes = 0;  // of size: spilled to those tiers
 };
 
 // What the file says about its process, as far as it could be read.

@@ -180,6 +180,22 @@ replay_traces_driver() {
   return "$rc"
 }
 
+# The README's first command's demo (scripts/quickstart-demo.sh) on the GPU: a
+# job of 1.5x its memory, without gmem (out of memory), then under gmem with
+# gmemctl's view. The demo takes a build tree; this one is made of .carry/.
+quickstart_demo() {
+  local tree=$out/quickstart-tree
+  if [ ! -x "$carry/quickstart-job" ] || [ ! -x "$carry/bin/gmemd" ]; then
+    echo "no .carry/quickstart-job or .carry/bin/gmemd: pack a build with them (and patchelf)"
+    return 77
+  fi
+  mkdir -p "$tree/tests" "$tree/rpc" "$tree/interpose"
+  ln -sf "$carry/quickstart-job" "$tree/tests/"
+  ln -sf "$carry/bin/gmemd" "$carry/bin/gmemctl" "$tree/rpc/"
+  ln -sf "$shim" "$tree/interpose/"
+  scripts/quickstart-demo.sh "$tree"
+}
+
 # The stats plane on a training job: gmemctl run starts it under the shim,
 # gmemd serves its figures; gmemctl ps/stats/placement --json, the Prometheus
 # text and the screen of gmemctl top (under tmux) are saved in $out.
@@ -460,6 +476,7 @@ step traces-torch 300 replay_traces_torch
 step traces-driver 240 replay_traces_driver "$carry/replay-trace"
 
 step stats-plane 200 stats_plane
+step quickstart-demo 240 quickstart_demo
 
 # What PyTorch's launches touch (track_access): an add over a tensor spilled to
 # the host counts its host bytes, a product of device tensors none, a captured

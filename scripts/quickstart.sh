@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what gmem needs (Debian/Ubuntu), builds it, and runs a sample CUDA
-# job under the shim with report:1: on the GPU when this machine has a CUDA
-# driver, otherwise on the emulated driver that the tests use.
+# Installs what gmem needs (Debian/Ubuntu), builds it, and runs a job larger
+# than the device without gmem and then under it (scripts/quickstart-demo.sh):
+# on the GPU when this machine has a CUDA driver, otherwise on the emulated
+# driver that the tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,15 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+toolkit=/usr/local/cuda
+if [ ! -f "$toolkit/include/cuda.h" ] || [ ! -f "$toolkit/lib64/stubs/libcuda.so" ]; then
+  echo "quickstart: gmem builds against the CUDA toolkit's cuda.h and stub libcuda.so in $toolkit," \
+    "which are missing: install NVIDIA's CUDA toolkit (https://developer.nvidia.com/cuda-downloads) and run this again" >&2
+  exit 1
+fi
 [ -d build ] || meson setup build
 ninja -C build
-
-shim=$PWD/build/interpose/libcuda.so.1
-export LD_PRELOAD=$shim GMEM_CONF=report:1
-if /sbin/ldconfig -p | grep -q 'libcuda.so.1 ' && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  echo "quickstart: running the sample job on the GPU under gmem"
-else
-  echo "quickstart: no CUDA driver here; running the sample job on gmem's emulated driver"
-  export GMEM_REAL_LIBCUDA=$PWD/build/tests/emu/libcuda.so.1
-fi
-exec build/tests/driver-job
+exec scripts/quickstart-demo.sh build

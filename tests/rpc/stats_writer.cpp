@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 
@@ -58,23 +59,25 @@ gmem_placement& StatsWriter::slot(int index) {
   return reinterpret_cast<gmem_placement*>(static_cast<char*>(map_) + header_->placement_offset)[index];
 }
 
-int StatsWriter::place(uint64_t base, uint64_t size, int device, uint8_t tier, uint8_t kind, uint16_t chunks) {
+int StatsWriter::place(const gmem_placement& entry) {
   for (uint32_t i = 0; i < header_->placement_capacity; ++i) {
     gmem_placement& p = slot(static_cast<int>(i));
     if (p.size != 0 || (p.sequence & 1)) continue;
-    __atomic_store_n(&p.sequence, p.sequence + 1, __ATOMIC_RELAXED);
+    const uint64_t sequence = p.sequence;
+    __atomic_store_n(&p.sequence, sequence + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    p.base = base;
-    p.physical = (size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
-    p.device = device;
-    p.tier = tier;
-    p.kind = kind;
-    p.chunks = chunks;
-    __atomic_store_n(&p.size, size, __ATOMIC_RELAXED);
-    __atomic_store_n(&p.sequence, p.sequence + 1, __ATOMIC_RELEASE);
+    // Everything but the sequence, which readers must only ever see odd meanwhile.
+    std::memcpy(&p.base, &entry.base, sizeof p - offsetof(gmem_placement, base));
+    __atomic_store_n(&p.sequence, sequence + 2, __ATOMIC_RELEASE);
     return static_cast<int>(i);
   }
   return -1;
+}
+
+int StatsWriter::place(uint64_t base, uint64_t size, int device, uint8_t tier, uint8_t kind, uint16_t chunks) {
+  const uint64_t physical = (size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  const uint64_t host = tier == GMEM_TIER_HOST ? size : 0, peer = tier == GMEM_TIER_PEER ? size : 0;
+  return place({0, base, size, physical, device, tier, kind, chunks, host, peer});
 }
 
 void StatsWriter::remove(int index) {

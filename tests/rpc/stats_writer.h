@@ -30,7 +30,9 @@ class StatsWriter {
   gmem_stats_header& header() { return *header_; }
   void set(int device, gmem_device_stat stat, uint64_t value);
   void set_uuid(int device, uint8_t first_byte);
-  // Fills the first free placement slot; returns its index.
+  // Fills the first free placement slot with `entry` (its sequence aside); returns its index.
+  int place(const gmem_placement& entry);
+  // An allocation wholly in `tier`, its physical bytes the size rounded up to 2 MiB.
   int place(uint64_t base, uint64_t size, int device, uint8_t tier, uint8_t kind, uint16_t chunks);
   void remove(int slot);
   // Leaves a slot in the middle of a write (odd sequence), as a writer caught mid-update.

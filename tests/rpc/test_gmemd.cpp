@@ -82,8 +82,82 @@ TEST_F(Gmemd, PsStatsAndPlacementShowWhatProcessesPublished) {
       << table.out;
   EXPECT_GT(std::stod(rate[1]), 50.0) << table.out;
   EXPECT_LT(std::stod(rate[1]), 110.0) << table.out;
-  EXPECT_NE(ctl({"placement", pid_of(*one)}).out.find("0x00007f0000000000     1.0 MiB     2.0 MiB   0 device alloc"),
+  EXPECT_NE(ctl({"placement", pid_of(*one), "--all"})
+                .out.find("0x00007f0000000000     1.0 MiB     2.0 MiB   0 device alloc"),
             std::string::npos);
+}
+
+// A known placement under this test's own pid: a thousand 8 KiB slab blocks
+// and two 1 MiB pitched ones on the device, three 64 MiB async ranges (one on
+// the device, one with 16 MiB on the host, one with 24 MiB on a peer and 8 MiB
+// on the host), and a 256 MiB range on device 1 with 192 MiB on the host.
+TEST_F(Gmemd, PlacementSummarySaysWhereTheBytesLie) {
+  StatsWriter job(stats_, getpid(), start_ticks_of(getpid()), 2048, "placement-job");
+  const uint64_t kib = 1 << 10, mib = 1 << 20, base = 0x7f0000000000;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    job.place({0, base + i * 8 * kib, 8 * kib, 8 * kib, 0, GMEM_TIER_DEVICE, GMEM_KIND_DEVICE, 0, 0, 0});
+  }
+  for (uint64_t i = 0; i < 2; ++i) {
+    job.place({0, base + (16 + i) * mib, mib, mib, 0, GMEM_TIER_DEVICE, GMEM_KIND_PITCHED, 0, 0, 0});
+  }
+  job.place({0, base + 1024 * mib, 64 * mib, 64 * mib, 0, GMEM_TIER_DEVICE, GMEM_KIND_ASYNC, 1, 0, 0});
+  job.place({0, base + 1280 * mib, 64 * mib, 64 * mib, 0, GMEM_TIER_HOST, GMEM_KIND_ASYNC, 3, 16 * mib, 0});
+  job.place({0, base + 1536 * mib, 64 * mib, 64 * mib, 0, GMEM_TIER_HOST, GMEM_KIND_ASYNC, 2, 8 * mib, 24 * mib});
+  job.place({0, base + 4096 * mib, 256 * mib, 256 * mib, 1, GMEM_TIER_HOST, GMEM_KIND_DEVICE, 4, 192 * mib, 0});
+  const std::string pid = std::to_string(getpid());
+
+  auto summary = ctl({"placement", pid, "--top", "3"});
+  ASSERT_EQ(summary.status, 0) << summary.err;
+  const std::string& out = summary.out;
+  // 457.8 MiB in all: 24 MiB on a peer, 216 MiB on the host, the rest on the
+  // device, where every allocation has some of its bytes.
+  for (const char* line : {
+           R"(^pid \d+ placement-job: 1006 live allocations, 457\.8 MiB requested, 457\.8 MiB physical$)",
+           R"(^TIER +BYTES +SHARE +ALLOCS$)",
+           R"(^device +217\.8 MiB +48% +1006$)",
+           R"(^peer +24\.0 MiB +5% +1$)",
+           R"(^host +216\.0 MiB +47% +3$)",
+           // Kinds in the order of their values; <=1MiB counts the slab blocks
+           // and the 1 MiB ones, STITCHED the ranges of more than one chunk.
+           R"(^KIND +ALLOCS +BYTES +PHYSICAL +<=1MiB +STITCHED$)",
+           R"(^alloc +1001 +263\.8 MiB +263\.8 MiB +1000 +1$)",
+           R"(^pitch +2 +2\.0 MiB +2\.0 MiB +2 +0$)",
+           R"(^async +3 +192\.0 MiB +192\.0 MiB +0 +2$)",
+           R"(^the 3 largest of 1006 \(--all lists every one\):$)",
+           // Largest first; of equal sizes, the lowest address.
+           R"(^0x00007f0100000000 +256\.0 MiB +1 alloc +4 +64\.0 MiB +0 B +192\.0 MiB$)",
+           R"(^0x00007f0040000000 +64\.0 MiB +0 async +1 +64\.0 MiB +0 B +0 B$)",
+           R"(^0x00007f0050000000 +64\.0 MiB +0 async +3 +48\.0 MiB +0 B +16\.0 MiB$)"}) {
+    EXPECT_TRUE(std::regex_search(out, std::regex(line, std::regex::multiline))) << line << "\n" << out;
+  }
+  EXPECT_EQ(out.find("0x00007f0060000000"), std::string::npos) << "only the 3 largest\n" << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 14) << out;
+  EXPECT_NE(ctl({"placement", pid}).out.find("0x00007f0060000000    64.0 MiB   0 async        2    32.0 MiB    24.0 MiB"
+                                             "     8.0 MiB\n"),
+            std::string::npos)
+      << "ten by default";
+
+  // One device: its allocations alone.
+  auto device1 = ctl({"placement", pid, "--device", "1"}).out;
+  EXPECT_TRUE(std::regex_search(device1, std::regex(R"(^host +192\.0 MiB +75% +1$)", std::regex::multiline)))
+      << device1;
+
+  // --all: today's table, a row per allocation; --json: every allocation with its split.
+  auto all = ctl({"placement", pid, "--all"});
+  ASSERT_EQ(all.status, 0) << all.err;
+  EXPECT_EQ(std::count(all.out.begin(), all.out.end(), '\n'), 1 + 1006) << all.out;
+  EXPECT_NE(all.out.find("0x00007f0000000000     8.0 KiB     8.0 KiB   0 device alloc        0\n"), std::string::npos);
+  auto json = parse<v1::GetPlacementResponse>(ctl({"placement", pid, "--json"}).out);
+  ASSERT_EQ(json.allocations_size(), 1006);
+  const auto& split = json.allocations(1004);  // by address: the third 64 MiB range
+  EXPECT_EQ(split.host_bytes(), 8 * mib);
+  EXPECT_EQ(split.peer_bytes(), 24 * mib);
+
+  EXPECT_EQ(ctl({"placement", pid, "--all", "--top", "3"}).status, 2);
+  auto help = ctl({"placement", "--help"});
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.out.find("allocation split between tiers counts in each"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--all"), std::string::npos);
 }
 
 TEST_F(Gmemd, KilledProcessDisappearsAfterTheNextSweep) {

@@ -67,7 +67,7 @@ TEST_F(Reader, ReadsBackWhatTheWriterPublished) {
   w.set(1, GMEM_STAT_peer_bytes, 12345);
   w.set(0, GMEM_STAT_allocations, 7);
   w.set_uuid(1, 0xab);
-  w.place(0x3000, 100, 1, GMEM_TIER_HOST, GMEM_KIND_ASYNC, 3);
+  w.place({0, 0x3000, 100, 4096, 1, GMEM_TIER_HOST, GMEM_KIND_ASYNC, 3, 60, 30});
   w.place(0x1000, 200, 0, GMEM_TIER_DEVICE, GMEM_KIND_DEVICE, 1);
   int gone = w.place(0x2000, 300, 0, GMEM_TIER_DEVICE, GMEM_KIND_PITCHED, 1);
   w.remove(gone);
@@ -91,6 +91,9 @@ TEST_F(Reader, ReadsBackWhatTheWriterPublished) {
   EXPECT_EQ(all.allocations[1].tier, GMEM_TIER_HOST);
   EXPECT_EQ(all.allocations[1].kind, GMEM_KIND_ASYNC);
   EXPECT_EQ(all.allocations[1].chunks, 3);
+  EXPECT_EQ(all.allocations[1].physical, 4096u);
+  EXPECT_EQ(all.allocations[1].host_bytes, 60u);
+  EXPECT_EQ(all.allocations[1].peer_bytes, 30u);
   auto one = file->placement(1);
   ASSERT_EQ(one.allocations.size(), 1u);
   EXPECT_EQ(one.allocations[0].base, 0x3000u);
