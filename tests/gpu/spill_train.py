@@ -14,7 +14,8 @@ step times (default): --sizes S... [--reference R]
   time, bytes and limit, the tiers gmem held at the end (its stats file) and
   its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
   _gpu_multiple, _vs_in_memory_scaled, _host_access_gb_per_step,
-  _pcie_limit_ms, _step_vs_pcie_limit, and spill_<job>_<R>_in_memory_step_ms.
+  _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first warmup
+  step over the median timed one) and spill_<job>_<R>_in_memory_step_ms.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
   the run.
@@ -83,6 +84,8 @@ def step_times(args):
         f = figures[size] = {"step_ms": r["step_ms"], "gpu_multiple": r["physical_peak"] / r["total_memory"],
                              "vs_in_memory_scaled": r["step_ms"] / scaled if scaled else None}
         f.update(pcie_figures(r, args.pcie_gbps))
+        if r.get("warmup_ms"):
+            f["first_vs_steady"] = r["warmup_ms"][0] / r["step_ms"]
         print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
               + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |")
               + (f" {f['host_access_gb']:.2f} | {f['pcie_limit_ms']:.1f} | {f['step_vs_pcie_limit']:.2f} |"
@@ -114,6 +117,8 @@ def step_times(args):
             print(f"BENCH spill_{args.job}_{size}_host_access_gb_per_step {f['host_access_gb']:.3f} GB")
             print(f"BENCH spill_{args.job}_{size}_pcie_limit_ms {f['pcie_limit_ms']:.2f} ms")
             print(f"BENCH spill_{args.job}_{size}_step_vs_pcie_limit {f['step_vs_pcie_limit']:.3f} x")
+        if "first_vs_steady" in f:
+            print(f"BENCH spill_{args.job}_{size}_first_step_vs_steady {f['first_vs_steady']:.3f} x")
     if failed:
         print(f"spill_train: failed: {'; '.join(failed)} (logs in {args.out})", file=sys.stderr)
     return 1 if failed else 0
@@ -171,7 +176,9 @@ def describe(r):
     """One run in a few words."""
     if r["ok"]:
         steps = ", ".join(f"{t:.0f}" for t in r.get("steps_ms", []))
-        return f"{r['step_ms']:.1f} ms/step (steps: {steps} ms), reserved peak {r['physical_peak'] / GB:.1f} GB"
+        first = ", ".join(f"{t:.0f}" for t in r.get("warmup_ms", []))
+        return (f"{r['step_ms']:.1f} ms/step (steps: {steps} ms; untimed first: {first} ms), "
+                f"reserved peak {r['physical_peak'] / GB:.1f} GB")
     return "out of memory" if r["oom"] else r["error"]
 
 
