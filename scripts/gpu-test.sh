@@ -342,8 +342,9 @@ ipc_torch() {
 }
 real=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 real=${GMEM_REAL_LIBCUDA:-$real}
-export -f environment job_matches allreduce_under_shim stats_plane trace_files replay_traces_torch replay_traces_driver \
-  spill_check dedup_merge ipc_samples ipc_torch
+# Steps run in a child bash: every function of this script goes with them.
+# shellcheck disable=SC2046  # one word per function name
+export -f $(compgen -A function)
 export carry shim out real
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {

@@ -49,6 +49,11 @@ if [ -x "$build/rpc/gmemd" ] && [ -x "$build/rpc/gmemctl" ]; then
       # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader
       patchelf --force-rpath --set-rpath '$ORIGIN/../lib' ".carry/bin/$p"
     done
+    # Benchmarks of the stats plane (bench-gmemd) take the same libraries.
+    for b in .carry/bench/*; do
+      # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader
+      if ldd "$b" | grep -q libgrpc; then patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$b"; fi
+    done
     ldd "$build/rpc/gmemd" "$build/rpc/gmemctl" | awk '/=>/ {print $3}' | sort -u |
       grep -Ev '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' |
       while read -r lib; do pack "$lib" .carry/lib; done  # under the name the programs ask for
