@@ -196,6 +196,18 @@ quickstart_demo() {
   scripts/quickstart-demo.sh "$tree"
 }
 
+# PyTorch's default allocator under nothing but LD_PRELOAD: its losses at
+# batch 96 equal those without gmem (step torch-default-losses).
+torch_default_losses() {
+  local dir=$out/torch-default-losses
+  mkdir -p "$dir"
+  python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 96 --steps 5 \
+    --setting gmem-default --losses "$dir/gmem-default.json" || return 1
+  python3 tests/gpu/spill_train.py --out "$dir" --job lm --size 96 --steps 5 \
+    --setting stock --losses "$dir/stock.json" || return 1
+  python3 tests/gpu/spill_train.py --compare "$dir/gmem-default.json" "$dir/stock.json"
+}
+
 # The stats plane on a training job: gmemctl run starts it under the shim,
 # gmemd serves its figures; gmemctl ps/stats/placement --json, the Prometheus
 # text and the screen of gmemctl top (under tmux) are saved in $out.
@@ -515,15 +527,6 @@ if named torch-default-lm; then
   step torch-default-lm 300 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/torch-default" \
     --setting gmem-default --job lm --sizes 176 288 --timeout 200 --must-train
 fi
-torch_default_losses() {
-  local dir=$out/torch-default-losses
-  mkdir -p "$dir"
-  python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 96 --steps 5 \
-    --setting gmem-default --losses "$dir/gmem-default.json" || return 1
-  python3 tests/gpu/spill_train.py --out "$dir" --job lm --size 96 --steps 5 \
-    --setting stock --losses "$dir/stock.json" || return 1
-  python3 tests/gpu/spill_train.py --compare "$dir/gmem-default.json" "$dir/stock.json"
-}
 if named torch-default-losses; then
   step torch-default-losses 240 torch_default_losses
 fi

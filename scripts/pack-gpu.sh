@@ -33,9 +33,11 @@ for t in conformance/conformance driver-job driver-job-dlopen stress stitch spil
   quickstart-job dedup/dedup-hash-check dedup/dedup-job; do
   if [ -f "$build/tests/$t" ]; then pack "$build/tests/$t" .carry; else echo "pack-gpu: no $build/tests/$t, left out"; fi
 done
-# Benchmarks: meson builds tests/bench/*.c* as tests/bench-*; either layout is taken.
+# Benchmarks: meson builds tests/bench/*.c* as tests/bench-*; either layout is
+# taken. Not bench-gmemd: it measures gmemd over fake publishers (no driver),
+# and runs here with `meson test --benchmark`.
 for b in "$build"/tests/bench-* "$build"/tests/bench/* "$build"/tests/dedup/bench-*; do
-  [ -f "$b" ] && [ -x "$b" ] && pack "$b" .carry/bench
+  [ -f "$b" ] && [ -x "$b" ] && [ "${b##*/}" != bench-gmemd ] && pack "$b" .carry/bench
 done
 # The stats plane: gmemd and gmemctl with the libraries the GPU machine lacks
 # (gRPC, protobuf, abseil...; everything but the C and C++ runtimes), found
@@ -48,11 +50,6 @@ if [ -x "$build/rpc/gmemd" ] && [ -x "$build/rpc/gmemctl" ]; then
       pack "$build/rpc/$p" .carry/bin
       # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader
       patchelf --force-rpath --set-rpath '$ORIGIN/../lib' ".carry/bin/$p"
-    done
-    # Benchmarks of the stats plane (bench-gmemd) take the same libraries.
-    for b in .carry/bench/*; do
-      # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader
-      if ldd "$b" | grep -q libgrpc; then patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$b"; fi
     done
     ldd "$build/rpc/gmemd" "$build/rpc/gmemctl" | awk '/=>/ {print $3}' | sort -u |
       grep -Ev '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' |

@@ -3,11 +3,14 @@
 # end-to-end on the emulated driver, conformance on the emulated driver).
 #   scripts/test.sh              the suite, in build/
 #   scripts/test.sh --sanitize   the suite under ASan+UBSan, in build-sanitize/
+#   scripts/test.sh --tsan       the suite under ThreadSanitizer, in build-tsan/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=build
 options=()
+# Sanitized runs are several times slower: the tests get more time.
+timeout=1
 case "${1:-}" in
   "") ;;
   --sanitize)
@@ -20,8 +23,14 @@ case "${1:-}" in
     export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;
+  --tsan)
+    dir=build-tsan
+    options=(-Db_sanitize=thread -Db_lundef=false -Dcpp_args=-Wno-tsan)
+    export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
+    timeout=4
+    ;;
   -h|--help)
-    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -36,4 +45,4 @@ else
   meson setup "$dir" "${options[@]}"
 fi
 ninja -C "$dir"
-meson test -C "$dir" --print-errorlogs --num-processes 2
+meson test -C "$dir" --print-errorlogs --num-processes 2 --timeout-multiplier "$timeout"

@@ -99,8 +99,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shim", help="gmem's libcuda.so.1")
-    ap.add_argument("--gb", type=float, default=3.0, help="the spilled tensor, GiB (default 3)")
-    ap.add_argument("--budget", default="2G", help="device_budget (default 2G)")
+    ap.add_argument("--gb", type=float, default=1.5,
+                    help="the spilled tensor, GiB (default 1.5: under 2 GiB, torch adds over it in one kernel)")
+    ap.add_argument("--budget", default="1G", help="device_budget (default 1G)")
     ap.add_argument("--graph", action="store_true", help="check a captured CUDA graph too")
     args = ap.parse_args()
     if args.child:
