@@ -24,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gmem_stats  # noqa: E402
+from sweep import pcie_meter  # noqa: E402
 
 GB = 1 << 30
 
@@ -48,11 +49,15 @@ def child(args):
         torch.cuda.synchronize()
         return gmem_stats.read_own(0)
 
+    meter = pcie_meter()
     start = figures()
     result["host_bytes"] = start["host_bytes"]
+    crossed = meter.bytes() if meter else None
     big.add_(1)
     after_add = figures()
     result["add"] = {k: after_add[k] - start[k] for k in ("access_launches", "host_access_bytes")}
+    if meter:  # what the link carried: the host part read to the device and written back
+        result["add_pcie_bytes"] = [round(b - a) for a, b in zip(crossed, meter.bytes())]
     torch.mm(small[0], small[1])
     after_mm = figures()
     result["mm"] = {k: after_mm[k] - after_add[k] for k in ("access_launches", "host_access_bytes")}
@@ -121,6 +126,10 @@ def main():
     print(json.dumps(r, indent=1))
     print(f"BENCH access_check_add_host_access_gb {r['add']['host_access_bytes'] / 1e9:.3f} GB")
     print(f"BENCH access_check_spilled_host_gb {r['host_bytes'] / 1e9:.3f} GB")
+    if "add_pcie_bytes" in r:  # measured (pcie_meter.py): near the host bytes each way
+        to_device, to_host = r["add_pcie_bytes"]
+        print(f"BENCH access_check_add_pcie_to_device_gb {to_device / 1e9:.3f} GB")
+        print(f"BENCH access_check_add_pcie_to_host_gb {to_host / 1e9:.3f} GB")
     bad = check(r, args.graph)
     for b in bad:
         print(f"access_check: {b}", file=sys.stderr)

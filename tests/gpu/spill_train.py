@@ -8,14 +8,16 @@ step times (default): --sizes S... [--reference R]
   markdown table: median step time, gmem's reserved peak and that peak as a
   multiple of the GPU's total memory, R's step time scaled to the size
   (step(R) x size / R) and spilled / scaled; the bytes that crossed PCIe per
-  step (gmem's host_access_bytes over the step: the host bytes of every pool
-  range each launch referenced, an upper estimate), the PCIe limit time
-  (those bytes / --pcie-gbps) and step / limit; then, per size, each step's
-  time, bytes and limit, the tiers gmem held at the end (its stats file) and
-  its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
-  _gpu_multiple, _vs_in_memory_scaled, _host_access_gb_per_step,
-  _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first warmup
-  step over the median timed one) and spill_<job>_<R>_in_memory_step_ms.
+  step, measured (NVML's counters, pcie_meter.py, both directions), gmem's
+  estimate of them (host_access_bytes over the step: the host bytes of every
+  pool range each launch referenced, an upper bound), the PCIe limit time
+  (the busier direction's measured bytes / --pcie-gbps) and step / limit; then, per size, each
+  step's time, bytes and limit, the tiers gmem held at the end (its stats
+  file) and its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
+  _gpu_multiple, _vs_in_memory_scaled, _pcie_gb_per_step,
+  _host_access_gb_per_step, _pcie_limit_ms, _step_vs_pcie_limit,
+  _first_step_vs_steady (the first warmup step over the median timed one) and
+  spill_<job>_<R>_in_memory_step_ms.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
   the run.
@@ -72,13 +74,14 @@ def step_times(args):
                   else "the reference failed" if ref else "no --reference")
     print(f"\n| {args.job} size | step (ms) | reserved peak (GB) | x GPU memory "
           f"| in-memory step scaled (ms; {scaled_how}) | spilled / scaled "
-          f"| over PCIe per step (GB) | PCIe limit (ms; at {args.pcie_gbps:g} GB/s) | step / limit |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"| over PCIe per step, measured (GB) | gmem's estimate (GB) "
+          f"| PCIe limit (ms; at {args.pcie_gbps:g} GB/s) | step / limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     figures = {}
     for size, r in runs.items():
         if not r["ok"]:
             why = "out of memory" if r["oom"] else "failed: " + r["error"].replace("|", "/")
-            print(f"| {size} | {why} | | | | | | | |")
+            print(f"| {size} | {why} | | | | | | | | |")
             continue
         scaled = ref_ms * size / ref if ref_ms else None
         f = figures[size] = {"step_ms": r["step_ms"], "gpu_multiple": r["physical_peak"] / r["total_memory"],
@@ -88,8 +91,9 @@ def step_times(args):
             f["first_vs_steady"] = r["warmup_ms"][0] / r["step_ms"]
         print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
               + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |")
-              + (f" {f['host_access_gb']:.2f} | {f['pcie_limit_ms']:.1f} | {f['step_vs_pcie_limit']:.2f} |"
-                 if "host_access_gb" in f else " | | |"))
+              + "".join(f" {f[k]:{form}} |" if k in f else " |" for k, form in
+                        (("pcie_gb", ".2f"), ("host_access_gb", ".2f"), ("pcie_limit_ms", ".1f"),
+                         ("step_vs_pcie_limit", ".2f"))))
     gpus = {r["gpu"] for r in runs.values() if r["ok"]} | ({ref_gpu} if ref_ms else set())
     totals = ", ".join(sorted({f"{r['total_memory'] / GB:.1f} GB" for r in runs.values() if r["ok"]}))
     if gpus:
@@ -113,10 +117,12 @@ def step_times(args):
         print(f"BENCH spill_{args.job}_{size}_gpu_multiple {f['gpu_multiple']:.3f} x")
         if f["vs_in_memory_scaled"] is not None:
             print(f"BENCH spill_{args.job}_{size}_vs_in_memory_scaled {f['vs_in_memory_scaled']:.3f} x")
-        if "host_access_gb" in f:
-            print(f"BENCH spill_{args.job}_{size}_host_access_gb_per_step {f['host_access_gb']:.3f} GB")
-            print(f"BENCH spill_{args.job}_{size}_pcie_limit_ms {f['pcie_limit_ms']:.2f} ms")
-            print(f"BENCH spill_{args.job}_{size}_step_vs_pcie_limit {f['step_vs_pcie_limit']:.3f} x")
+        for key, name, unit in (("pcie_gb", "pcie_gb_per_step", "GB"),
+                                ("host_access_gb", "host_access_gb_per_step", "GB"),
+                                ("pcie_limit_ms", "pcie_limit_ms", "ms"),
+                                ("step_vs_pcie_limit", "step_vs_pcie_limit", "x")):
+            if key in f:
+                print(f"BENCH spill_{args.job}_{size}_{name} {f[key]:.3f} {unit}")
         if "first_vs_steady" in f:
             print(f"BENCH spill_{args.job}_{size}_first_step_vs_steady {f['first_vs_steady']:.3f} x")
     if failed:
@@ -125,24 +131,40 @@ def step_times(args):
 
 
 def pcie_figures(r, gbps):
-    """The median timed step's bytes over PCIe (gmem's host_access_bytes), its
-    limit time at `gbps` and step / limit; {} where gmem counted no launches."""
-    per_step = r.get("host_access_bytes")
-    if not per_step:
-        return {}
-    bytes_ = statistics.median(per_step)
-    limit_ms = bytes_ / (gbps * GB) * 1e3
-    return {"host_access_gb": bytes_ / GB, "pcie_limit_ms": limit_ms,
-            "step_vs_pcie_limit": r["step_ms"] / limit_ms if limit_ms else float("inf")}
+    """The median timed step's bytes over PCIe, measured and gmem's estimate,
+    the limit time of the measured bytes at `gbps` and step / limit; only
+    what the run has."""
+    f = {}
+    if r.get("host_access_bytes"):
+        f["host_access_gb"] = statistics.median(r["host_access_bytes"]) / GB
+    if r.get("pcie_bytes"):
+        f["pcie_gb"] = statistics.median(sum(step) for step in r["pcie_bytes"]) / GB
+        f["pcie_limit_ms"] = statistics.median(limit_ms(step, gbps) for step in r["pcie_bytes"])
+        if f["pcie_limit_ms"]:
+            f["step_vs_pcie_limit"] = r["step_ms"] / f["pcie_limit_ms"]
+    return f
+
+
+def limit_ms(step, gbps):
+    """The least time a step's PCIe traffic takes: the busier direction's bytes
+    at `gbps` (the link carries both directions at once)."""
+    return max(step) / (gbps * GB) * 1e3
 
 
 def step_lines(r, gbps):
-    """Each timed step: its time, the bytes that crossed PCIe and the limit time."""
+    """Each timed step: its time, the bytes that crossed PCIe (measured, and
+    gmem's estimate) and the limit time of the measured bytes."""
     out = []
-    for i, (ms, b) in enumerate(zip(r.get("steps_ms", []), r.get("host_access_bytes", []))):
-        limit = b / (gbps * GB) * 1e3
-        out.append(f"- step {i}: {ms:.1f} ms, {b / GB:.2f} GB over PCIe, limit {limit:.1f} ms"
-                   + (f", step / limit {ms / limit:.2f}" if limit else ""))
+    for i, ms in enumerate(r.get("steps_ms", [])):
+        line = f"- step {i}: {ms:.1f} ms"
+        if i < len(r.get("pcie_bytes", [])):
+            to_device, to_host = r["pcie_bytes"][i]
+            limit = limit_ms((to_device, to_host), gbps)
+            line += (f", over PCIe {to_device / GB:.2f} GB to the device and {to_host / GB:.2f} GB to the host, "
+                     f"limit {limit:.1f} ms" + (f", step / limit {ms / limit:.2f}" if limit else ""))
+        if i < len(r.get("host_access_bytes", [])):
+            line += f"; gmem's estimate {r['host_access_bytes'][i] / GB:.2f} GB"
+        out.append(line)
     return out
 
 

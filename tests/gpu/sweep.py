@@ -12,7 +12,8 @@ both train. A try that fails other than by running out of memory fails the run.
 
 Each try's child (this file with --child) prints one JSON line: its step times
 and peaks, every step's loss (float.hex, warmup included), the GPU's name and
-total memory and, under gmem, the tiers gmem holds at the end (its stats file);
+total memory, the bytes that crossed PCIe in each timed step (pcie_meter.py)
+and, under gmem, the tiers gmem holds at the end (its stats file);
 with --deterministic it trains under torch.use_deterministic_algorithms.
 tests/gpu/spill_train.py runs the same children at fixed sizes past the GPU's
 memory and for losses to compare across machines.
@@ -119,15 +120,19 @@ def child(args):
             start = time.perf_counter()
             losses.append(step().item())
             warmup.append(time.perf_counter() - start)
-        times, host_access = [], []
+        times, host_access, pcie = [], [], []
+        meter = pcie_meter()
         for _ in range(args.steps):
             torch.cuda.synchronize()
             before = host_access_bytes()
+            crossed = meter.bytes() if meter else None
             start = time.perf_counter()
             losses.append(step().item())
             times.append(time.perf_counter() - start)
             if before is not None:
                 host_access.append(host_access_bytes() - before)
+            if meter:
+                pcie.append([b - a for a, b in zip(crossed, meter.bytes())])
             if under_gmem:
                 sample()
     except torch.OutOfMemoryError as e:
@@ -152,6 +157,8 @@ def child(args):
               "torch_alloc_retries": stats.get("num_alloc_retries", 0)}
     if spilled:
         result["spilled_sample"] = spilled
+    if pcie:
+        result["pcie_bytes"] = [[round(b) for b in step] for step in pcie]  # [to device, to host] per step
     if under_gmem:
         import gmem_stats
         try:
@@ -163,6 +170,16 @@ def child(args):
             result["gmem_tiers_error"] = str(e)
     print(json.dumps(result))
     return 0
+
+
+def pcie_meter():
+    """A PcieMeter of device 0 (pcie_meter.py), or None where NVML cannot give one."""
+    from pcie_meter import PcieMeter
+    try:
+        return PcieMeter(0)
+    except OSError as e:
+        print(f"sweep: PCIe bytes not measured: {e}", file=sys.stderr)
+        return None
 
 
 def host_access_bytes():
