@@ -1,35 +1,42 @@
 """The bytes that crossed a GPU's PCIe link, measured rather than estimated:
-NVML's throughput counters (nvmlDeviceGetPcieThroughput: KB/s over the last
-20 ms, each direction), read by a thread every 20 ms and summed over time.
-Each direction on its own: a kernel reading pinned host memory moves bytes
-to the device, writing it moves them to the host, and the link carries both
-at once. For the GPU runs' PCIe-limit figures, beside gmem's
-own estimate (host_access_bytes: the host bytes of every pool range each
-launch referenced, an upper bound).
+NVML's byte counters of the link (nvmlDeviceGetFieldValues with
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES / _TX_BYTES: counted by the GPU, from the
+GPU's side: RX to the device, TX to the host), read by a thread every 10 ms
+so that a counter narrower than 64 bits is followed across its wraps. Each
+direction on its own: a kernel reading pinned host memory moves bytes to the
+device, writing it moves them to the host, and the link carries both at once.
+For the GPU runs' PCIe-limit figures, beside gmem's own estimate
+(host_access_bytes: the host bytes of every pool range each launch
+referenced, an upper bound).
 
-    meter = PcieMeter(0)      # device index as NVML numbers it
-    to_device, to_host = meter.bytes()
-    ...
-    to_device2, to_host2 = meter.bytes()
+    meter = PcieMeter(0)                  # the device as NVML numbers it
+    to_device, to_host = meter.bytes()    # since the meter started
 """
 import ctypes
 import threading
-import time
 
-NVML_PCIE_UTIL_TX_BYTES = 0
-NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+# nvmlValueType_t: the counter's width
+VALUE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32}
+
+
+class FieldValue(ctypes.Structure):  # nvmlFieldValue_t
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", ctypes.c_ulonglong)]
 
 
 class PcieMeter:
-    def __init__(self, index=0, period_s=0.02):
+    def __init__(self, index=0, period_s=0.01):
         self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
         self._check(self._nvml.nvmlInit_v2(), "nvmlInit_v2")
         self._device = ctypes.c_void_p()
         self._check(self._nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._device)),
                     "nvmlDeviceGetHandleByIndex_v2")
-        self._rate()  # fails here, not in the thread, where the counters are missing
+        self._last, self._bits = self._read()  # fails here, not in the thread, where there are no counters
         self._period_s = period_s
-        self._totals = [0.0, 0.0]  # to the device (RX), to the host (TX)
+        self._totals = [0, 0]  # to the device, to the host
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pcie-meter", daemon=True)
@@ -40,31 +47,31 @@ class PcieMeter:
         if rc != 0:
             raise OSError(f"{call} failed with NVML error {rc}")
 
-    def _rate(self):
-        """Bytes per second over PCIe now: to the device, to the host."""
-        rates = []
-        for counter in (NVML_PCIE_UTIL_RX_BYTES, NVML_PCIE_UTIL_TX_BYTES):
-            kb_per_s = ctypes.c_uint()
-            self._check(self._nvml.nvmlDeviceGetPcieThroughput(self._device, counter, ctypes.byref(kb_per_s)),
-                        "nvmlDeviceGetPcieThroughput")
-            rates.append(kb_per_s.value * 1024)
-        return rates
+    def _read(self):
+        """The counters now, (to the device, to the host), and their widths."""
+        fields = (FieldValue * 2)()
+        fields[0].fieldId, fields[1].fieldId = NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+        self._check(self._nvml.nvmlDeviceGetFieldValues(self._device, 2, fields), "nvmlDeviceGetFieldValues")
+        for f in fields:
+            self._check(f.nvmlReturn, f"nvmlDeviceGetFieldValues field {f.fieldId}")
+        bits = [VALUE_BITS.get(f.valueType, 64) for f in fields]
+        return [f.value & ((1 << b) - 1) for f, b in zip(fields, bits)], bits
+
+    def _sample(self):
+        with self._lock:  # reads in order: a later read never lands first
+            now, _ = self._read()
+            for i, (was, is_, bits) in enumerate(zip(self._last, now, self._bits)):
+                self._totals[i] += (is_ - was) % (1 << bits)
+            self._last = now
 
     def _run(self):
-        last = time.perf_counter()
         while not self._stop.wait(self._period_s):
-            rates = self._rate()
-            now = time.perf_counter()
-            with self._lock:
-                for i, rate in enumerate(rates):
-                    self._totals[i] += rate * (now - last)
-            last = now
+            self._sample()
 
     def bytes(self):
-        """Bytes that crossed the link since the meter started, (to the
-        device, to the host); read after a 40 ms wait, as each sample covers
-        the 20 ms before it."""
-        time.sleep(2 * self._period_s)
+        """Bytes that crossed the link since the meter started: (to the
+        device, to the host)."""
+        self._sample()
         with self._lock:
             return tuple(self._totals)
 
