@@ -320,9 +320,11 @@ dedup_merge() {
 }
 # CUDA IPC on pool memory: cuda-samples simpleIPC (legacy cudaIpc*MemHandle),
 # memMapIPCDrv (VMM memory shared as POSIX fds) and streamOrderedAllocationIPC
-# (a stream-ordered pool's POSIX fds), each natively and under the shim's VMM
-# pool. The samples are not part of the repository: built by hand for sm_90
-# into .carry/samples/ (which scripts/pack-gpu.sh keeps); skipped if absent.
+# (a stream-ordered pool's POSIX fds), each natively, under nothing but
+# LD_PRELOAD of the shim (its defaults: the VMM pool), and with report:1 as
+# well, whose report shows the pool served it. The samples are not part of
+# the repository: built by hand for sm_90 into .carry/samples/ (which
+# scripts/pack-gpu.sh keeps); skipped if absent.
 ipc_samples() {
   local dir=$carry/samples name packed=0 rc=0 log
   for name in simpleIPC memMapIPCDrv streamOrderedAllocationIPC; do
@@ -330,22 +332,27 @@ ipc_samples() {
     packed=1
     echo "== $name, native"
     (cd "$dir" && "./$name") || { echo "$name, native: FAIL"; rc=1; }
-    echo "== $name, gmem pool:vmm"
-    log=$(cd "$dir" && LD_PRELOAD="$shim" GMEM_CONF=pool:vmm,report:1 "./$name" 2>&1) || { echo "$name, gmem: FAIL"; rc=1; }
+    echo "== $name, gmem: LD_PRELOAD only"
+    (cd "$dir" && env -u GMEM_CONF LD_PRELOAD="$shim" "./$name") || { echo "$name, gmem: FAIL"; rc=1; }
+    echo "== $name, gmem: report:1"
+    log=$(cd "$dir" && LD_PRELOAD="$shim" GMEM_CONF=report:1 "./$name" 2>&1) || { echo "$name, gmem report:1: FAIL"; rc=1; }
     echo "$log"
-    grep -q 'gmem: report' <<<"$log" || { echo "$name: no gmem report: the shim did not serve it"; rc=1; }
+    grep -q 'gmem: report vmm-pool' <<<"$log" || { echo "$name: no report of the pool: the pool did not serve it"; rc=1; }
   done
   [ "$packed" = 1 ] || return 77
   return "$rc"
 }
 # torch.multiprocessing sharing CUDA tensors of the default allocator both
-# ways (tests/gpu/ipc_torch.py), natively and under the shim's VMM pool.
+# ways (tests/gpu/ipc_torch.py): natively, under nothing but LD_PRELOAD of the
+# shim, and with report:1, whose reports show both processes used the pool.
 ipc_torch() {
   local log rc=0
   echo "== native"
   python3 tests/gpu/ipc_torch.py || rc=1
-  echo "== gmem pool:vmm"
-  log=$(env -u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD="$shim" GMEM_CONF=pool:vmm,report:1 python3 tests/gpu/ipc_torch.py 2>&1) ||
+  echo "== gmem: LD_PRELOAD only"
+  env -u PYTORCH_CUDA_ALLOC_CONF -u GMEM_CONF LD_PRELOAD="$shim" python3 tests/gpu/ipc_torch.py || rc=1
+  echo "== gmem: report:1"
+  log=$(env -u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD="$shim" GMEM_CONF=report:1 python3 tests/gpu/ipc_torch.py 2>&1) ||
     rc=1
   echo "$log"
   [ "$(grep -Ec 'gmem: report total +allocs=[1-9]' <<<"$log")" -ge 2 ] ||
