@@ -27,6 +27,10 @@ case "${1:-}" in
     dir=build-tsan
     options=(-Db_sanitize=thread -Db_lundef=false -Dcpp_args=-Wno-tsan)
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
+    # Ten thousand gRPC watchers outrun their test's deadlines at TSan's speed,
+    # inside gRPC, which Debian builds without TSan: that load test runs in the
+    # other two suites only.
+    export GTEST_FILTER=-Gmemd.TenThousandWatchers*
     timeout=4
     ;;
   -h|--help)
