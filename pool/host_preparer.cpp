@@ -1,3 +1,5 @@
+// The host preparer's thread: pins host chunks ahead of need in the sizes
+// the pool recently made, once a device is near full (pool/host_preparer.h).
 #include "pool/host_preparer.h"
 
 #include <pthread.h>

@@ -1,3 +1,5 @@
+// The mover's thread: moves the spilled memory of live allocations back to
+// the device once spills stop and it has room, pausing launches (pool/mover.h).
 #include "pool/mover.h"
 
 #include <pthread.h>

@@ -1,3 +1,5 @@
+// Physical chunks per device and tier, made through Tiers and cached by size
+// and age; knows nothing of ranges (pool/pieces.h).
 #include "pool/pieces.h"
 
 #include "pool/clock.h"

@@ -1,3 +1,5 @@
+// Publishing the pool's figures to its stats file for gmemd and gmemctl
+// (pool/publisher.h, include/gmem/stats.h).
 #include "pool/publisher.h"
 
 #include <fcntl.h>

@@ -1,3 +1,5 @@
+// Virtual ranges: reserving, mapping and unmapping pieces, multi-mapping
+// bookkeeping, and the cache of mapped ranges with its choice (pool/ranges.h).
 #include "pool/ranges.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The registry of live allocations: what each pointer is, by kind, with its
+// size and stream, for frees and pointer queries (pool/registry.h).
 #include "pool/registry.h"
 
 namespace gmem::pool {

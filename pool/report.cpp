@@ -1,3 +1,4 @@
+// The `gmem: report` lines printed at exit with report:1 (pool/report.h).
 #include "pool/report.h"
 
 #include <cinttypes>

@@ -1,3 +1,5 @@
+// The small-request sub-allocator: requests up to 1 MiB served from slabs
+// carved out of pool ranges (pool/slabs.h).
 #include "pool/slabs.h"
 
 #include <algorithm>

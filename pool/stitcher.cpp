@@ -1,3 +1,5 @@
+// Stitching: builds a range for a request from free pieces, new device
+// memory and, past the device, spill tiers (pool/stitcher.h).
 #include "pool/stitcher.h"
 
 #include <algorithm>

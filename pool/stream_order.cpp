@@ -1,3 +1,5 @@
+// Stream-ordered frees: fences, pending frees and when freed memory is
+// reusable on which stream (pool/stream_order.h).
 #include "pool/stream_order.h"
 
 namespace gmem::pool {

@@ -1,3 +1,5 @@
+// Tiers: where physical memory comes from (device, peer, pinned host),
+// within each tier's budget, and what each holds (pool/tiers.h).
 #include "pool/tiers.h"
 
 #include <pthread.h>

@@ -1,3 +1,5 @@
+// VmmPool: the composition of slabs, ranges, stitcher, pieces and stream
+// order behind the Pool interface (pool/vmm_pool.h; docs/architecture.md).
 #include "pool/vmm_pool.h"
 
 #include <algorithm>
