@@ -80,30 +80,15 @@ bool parse_value(std::string_view text, config_type::mem_info& out, std::string&
   return false;
 }
 
-// A whole number from `least` to `most`, in decimal digits only.
-bool parse_whole(std::string_view text, unsigned long long least, unsigned long long most,
-                 unsigned long long* out) {
+bool parse_value(std::string_view text, config_type::millis& out, std::string& expected) {
+  expected = "a whole number of milliseconds, at most 3600000";
   std::string copy(text);
   if (copy.empty() || !std::isdigit(static_cast<unsigned char>(copy.front()))) return false;
   char* end = nullptr;
   errno = 0;
-  *out = std::strtoull(copy.c_str(), &end, 10);
-  return !*end && errno != ERANGE && *out >= least && *out <= most;
-}
-
-bool parse_value(std::string_view text, config_type::millis& out, std::string& expected) {
-  expected = "a whole number of milliseconds, at most 3600000";
-  unsigned long long value = 0;
-  if (!parse_whole(text, 0, 3'600'000, &value)) return false;
+  unsigned long long value = std::strtoull(copy.c_str(), &end, 10);
+  if (*end || errno == ERANGE || value > 3'600'000) return false;
   out = config_type::millis(value);
-  return true;
-}
-
-bool parse_value(std::string_view text, config_type::count& out, std::string& expected) {
-  expected = "a whole number from 1 to 64";
-  unsigned long long value = 0;
-  if (!parse_whole(text, 1, 64, &value)) return false;
-  out = config_type::count(value);
   return true;
 }
 

@@ -20,7 +20,6 @@ using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
 using millis = std::chrono::milliseconds;
-using count = unsigned;
 struct socket {
   std::string path;  // empty: the default place
 };

@@ -57,7 +57,6 @@ pool::Budgets budgets(const Config& config) {
   b.host = config.host_budget;
   b.host_prepare = config.host_prepare;
   b.mem_info = config.mem_info;
-  b.host_pin_threads = config.host_pin_threads;
   return b;
 }
 

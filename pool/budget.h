@@ -29,7 +29,6 @@ struct Budgets {
   Amount host = Amount::of_share(0.5);         // of MemAvailable when first needed
   Amount host_prepare = Amount::of_bytes(uint64_t{1} << 30);  // pinned ahead of need (of the host budget)
   MemInfo mem_info = MemInfo::device;
-  unsigned host_pin_threads = 4;  // host chunks of one spill pinned at once
 };
 
 }  // namespace gmem::pool

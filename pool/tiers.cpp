@@ -8,8 +8,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <thread>
-#include <vector>
 
 namespace gmem::pool {
 
@@ -144,7 +142,7 @@ CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* 
 }
 
 void Tiers::publish_prepared(int device) {
-  if (publisher_ && device >= 0) publisher_->set(device, GMEM_STAT_host_prepared_bytes, prepared_);
+  if (publisher_) publisher_->set(device, GMEM_STAT_host_prepared_bytes, prepared_);
 }
 
 Tiers::DeviceInfo& Tiers::info(int device) {
@@ -272,20 +270,15 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   vmm::Location where;
   if (!d.topology.host_location(&where)) return CUDA_ERROR_OUT_OF_MEMORY;
   expect_host_chunk(device, want);
-  if (take_pinned_locked(want, out) || (preparer_ && preparer_->take(want, out))) {
+  if (preparer_ && preparer_->take(want, out)) {
     prepared_ -= out->size();
     hold(*out, device, true);  // prepared for no device until now
     publish_prepared(preparer_device_);
     return CUDA_SUCCESS;
   }
-  if (host_room_locked() < want && (preparer_ || !pinned_.empty())) {
+  if (preparer_ && host_room_locked() < want) {
     // Prepared chunks of other sizes give their room to this request.
-    std::vector<vmm::Chunk> spare = preparer_ ? preparer_->drain() : std::vector<vmm::Chunk>{};
-    for (vmm::Chunk& c : pinned_) {
-      prepared_ -= c.size();
-      spare.push_back(std::move(c));
-    }
-    pinned_.clear();
+    std::vector<vmm::Chunk> spare = preparer_->drain();
     lock.unlock();
     spare.clear();
     lock.lock();
@@ -294,7 +287,6 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   // is short of the budget): halves, down to the granularity, are tried, and
   // sizes refused are not tried again until host memory goes back.
   std::size_t size = std::min({want, round_down(host_room_locked(), granularity), host_refused_ - granularity});
-  if (pin_in_parallel(lock, where, device, size, granularity, out)) return CUDA_SUCCESS;
   for (; size >= granularity; size = round_down(size / 2, granularity)) {
     host_held_ += size;
     lock.unlock();
@@ -310,54 +302,6 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
     host_refused_ = std::min(host_refused_, size);
   }
   return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-bool Tiers::pin_in_parallel(std::unique_lock<std::mutex>& lock, vmm::Location where, int device, std::size_t size,
-                            std::size_t granularity, vmm::Chunk* out) {
-  const std::size_t parts = std::min<std::size_t>(budgets_.host_pin_threads, size / pin_part_min);
-  const std::size_t part = parts < 2 ? 0 : round_up(size / parts, granularity);
-  if (parts < 2 || part * (parts - 1) >= size) return false;
-  std::vector<vmm::Chunk> made(parts);
-  std::vector<CUresult> status(parts, CUDA_ERROR_OUT_OF_MEMORY);
-  auto pin = [&](std::size_t i) {
-    const std::size_t bytes = i + 1 < parts ? part : size - part * (parts - 1);
-    status[i] = vmm::Chunk::create(driver_, where, bytes, &made[i], this);
-  };
-  host_held_ += size;  // counted before the (slow) calls, so that no other maker overshoots
-  lock.unlock();
-  {
-    std::vector<std::jthread> pinning;
-    for (std::size_t i = 1; i < parts; ++i) pinning.emplace_back(pin, i);
-    pin(0);
-  }
-  lock.lock();
-  host_held_ -= size;
-  bool served = false;
-  for (std::size_t i = 0; i < parts; ++i) {
-    if (status[i] != CUDA_SUCCESS) continue;
-    host_held_ += made[i].size();
-    if (!served) {
-      *out = std::move(made[i]);
-      hold(*out, device, true);
-      served = true;
-    } else {  // kept for the rest of this spill, as a prepared chunk is
-      held_[made[i].handle()] = Held{-1, true, made[i].size()};
-      prepared_ += made[i].size();
-      pinned_.push_back(std::move(made[i]));
-    }
-  }
-  return served;
-}
-
-bool Tiers::take_pinned_locked(std::size_t size, vmm::Chunk* out) {
-  auto best = pinned_.end();
-  for (auto it = pinned_.begin(); it != pinned_.end(); ++it) {
-    if (it->size() <= size && (best == pinned_.end() || it->size() > best->size())) best = it;
-  }
-  if (best == pinned_.end()) return false;
-  *out = std::move(*best);
-  pinned_.erase(best);
-  return true;
 }
 
 void Tiers::hold(const vmm::Chunk& chunk, int device, bool host) {

@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
-#include <vector>
 
 #include "pool/access.h"
 #include "pool/budget.h"
@@ -126,17 +125,6 @@ class Tiers final : public vmm::ChunkObserver {
   void placed(CUdeviceptr at, bool host, int64_t delta);  // under mutex_
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);
-  // Pins `size` bytes at `where` as up to host_pin_threads chunks of at least
-  // pin_part_min made at once (pinning is paid per byte, and threads share
-  // it): the first serves `out`, the others wait in pinned_ for the rest of
-  // the same spill. False, having made nothing, for a size too small to
-  // split or when every part was refused. `lock` holds mutex_; it is
-  // released while pinning.
-  bool pin_in_parallel(std::unique_lock<std::mutex>& lock, vmm::Location where, int device, std::size_t size,
-                       std::size_t granularity, vmm::Chunk* out);
-  // The largest chunk of pinned_ of at most `size` bytes; under mutex_.
-  bool take_pinned_locked(std::size_t size, vmm::Chunk* out);
-  static constexpr std::size_t pin_part_min = std::size_t{64} << 20;
 
   const vmm::Driver& driver_;
   const Budgets budgets_;
@@ -153,7 +141,6 @@ class Tiers final : public vmm::ChunkObserver {
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
   std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
   AccessTable* access_ = nullptr;
-  std::vector<vmm::Chunk> pinned_;  // made beside a spill's chunk for its rest; counted as prepared
   int preparer_device_ = -1;                  // the device whose near-full started it
   std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go
 };

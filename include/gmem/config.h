@@ -7,7 +7,7 @@
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
 // percentage of a capacity: 50%), mem_info (device or tiers), socket (an
 // absolute path, or empty for the default), millis (a whole number of
-// milliseconds, at most an hour), count (a whole number from 1 to 64).
+// milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -45,10 +45,6 @@
     "pinned host memory a background thread prepares ahead of need, in the sizes "   \
     "the pool recently made, once a device is near full (a size, or a share of "      \
     "host_budget); 0: no thread")                                                     \
-  X(host_pin_threads, count, "4",                                                   \
-    "threads that pin one spill's host memory at once: a spill of at least 128 MiB " \
-    "is made of up to this many host chunks, pinned in parallel (pinning is about "  \
-    "2.6 GB/s on one thread, 5 GB/s on four on an H100's host); 1: one chunk")       \
   X(migrate_after_ms, millis, "1000",                                              \
     "pool:vmm moves the spilled memory of live allocations back to the device once "  \
     "no allocation has been served with spilled memory for this long (and for twice " \

@@ -127,7 +127,7 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, host_pin_threads, migrate_after_ms, track_access, torch_retry, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, migrate_after_ms, track_access, torch_retry, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {

@@ -784,34 +784,3 @@ int main(int argc, char** argv) {
   });
   return RUN_ALL_TESTS();
 }
-
-// A spill of at least 128 MiB is pinned as up to host_pin_threads chunks of at
-// least 64 MiB, made at once (pinning is paid per byte, and threads share
-// it); with host_pin_threads:1, as one chunk. Either way the allocation holds
-// the data written to it, and no part is left over.
-class Pin : public Tiers {
- protected:
-  // How many host chunks hold a 200 MiB spill.
-  uint64_t host_chunks_of_a_200_mib_spill() {
-    CUdeviceptr a = alloc(64 * mib);  // fills the device
-    fill(a, 64 * mib, 21);
-    OwnStats stats;
-    const uint64_t before = stats.device(0, GMEM_STAT_chunks);
-    CUdeviceptr b = alloc(200 * mib);
-    round_trip(b, 200 * mib, 22);
-    EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 200 * mib);
-    EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 200 * mib);
-    EXPECT_EQ(stats.device(0, GMEM_STAT_host_prepared_bytes), 0u);
-    check(a, 64 * mib, 21);
-    return stats.device(0, GMEM_STAT_chunks) - before;
-  }
-};
-using PinOneThread = Pin;
-
-TEST_F(Pin, ALargeSpillIsPinnedAsSeveralChunksAtOnce) {
-  EXPECT_EQ(host_chunks_of_a_200_mib_spill(), 3u);  // 68, 68 and 64 MiB
-}
-
-TEST_F(PinOneThread, WithOneThreadALargeSpillIsOneChunk) {
-  EXPECT_EQ(host_chunks_of_a_200_mib_spill(), 1u);
-}
