@@ -63,7 +63,7 @@ pool::Budgets budgets(const Config& config) {
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
-                                            the_runtime->pool->mover());
+                                            the_runtime->pool->mover(), &the_runtime->pool->uses());
     fputs(text.c_str(), stderr);
   }
 }

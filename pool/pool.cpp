@@ -40,6 +40,7 @@ void Pool::publish_uuid(int device) const {
 template <typename FreeCall>
 CUresult Pool::free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call) {
   std::optional<Allocation> held = registry.take(key);
+  if (held && held->pooled && held->references == 1) uses_.freed(key, held->size);  // before its range goes
   if (held && held->references > 1) {
     Allocation rest = *held;
     --rest.references;
@@ -79,6 +80,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     a.peer_bytes = spilled.peer;
   }
   a.key = *dptr = block.base;
+  uses_.served(block.base, a.size);
   a.pooled = true;
   a.physical = block.physical;
   a.chunks = block.chunks;

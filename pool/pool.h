@@ -16,6 +16,7 @@
 #include "pool/access.h"
 #include "pool/mover.h"
 #include "pool/registry.h"
+#include "pool/uses.h"
 #include "pool/vmm_pool.h"
 #include "vmm/driver.h"
 
@@ -145,6 +146,8 @@ class Pool {
   Mover* mover() const { return mover_.get(); }
   // What launches reference, by pool range (null unless pool:vmm with track_access).
   AccessTable* access() const { return access_.get(); }
+  // Launches and host placement of the large allocations, by size (with track_access).
+  const Uses& uses() const { return uses_; }
   const vmm::Driver& driver() const { return driver_; }
   // Each is told in the order added; the first to refuse a free stops it.
   void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }
@@ -178,6 +181,7 @@ class Pool {
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<AccessTable> access_;  // before tiers_ and vmm_: they report to it until they go
+  Uses uses_{access_.get()};
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first

@@ -19,7 +19,7 @@ void line(std::string& out, const char* name, const KindStats& k) {
 
 }  // namespace
 
-std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover) {
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover, const Uses* uses) {
   std::string out = "gmem: report for pid " + std::to_string(pid) + "\n";
   KindStats total;
   for (std::size_t i = 0; i < kind_count; ++i) {
@@ -51,6 +51,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
            " paused_us=" + std::to_string(w.paused_ns / 1000) + "\n";
   }
+  if (uses) out += uses->report();
   return out;
 }
 

@@ -9,13 +9,16 @@
 
 #include "pool/allocation.h"
 #include "pool/mover.h"
+#include "pool/uses.h"
 #include "pool/vmm_pool.h"
 
 namespace gmem::pool {
 
 // With the VMM pool, one more line per device: its peaks, how often cached
 // memory served a request as it was, the driver work the rest cost, and the
-// bytes moved back; with a mover, how often and how long it paused the program.
-std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm = nullptr, const Mover* mover = nullptr);
+// bytes moved back; with a mover, how often and how long it paused the program;
+// with `uses`, the large allocations' launches and host placement by size.
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm = nullptr, const Mover* mover = nullptr,
+                          const Uses* uses = nullptr);
 
 }  // namespace gmem::pool
