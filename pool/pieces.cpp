@@ -42,7 +42,7 @@ CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
 }
 
 void Pieces::choose(Piece& piece) {
-  devices_[piece.device].free.erase(piece.free_entry);
+  piece.free_node = devices_[piece.device].free.extract(piece.free_entry);
   books_[piece.device].cached_bytes -= piece.memory.size();
   piece.holder = chosen;
 }
@@ -53,10 +53,17 @@ void Pieces::hold(Piece& piece, Range* holder) {
   piece.holder = holder;
 }
 
-void Pieces::set_free(Piece& piece) {
+void Pieces::set_free(Piece& piece, int64_t now) {
   piece.holder = nullptr;
-  piece.freed_ns = now_ns();
-  piece.free_entry = devices_[piece.device].free.emplace(std::pair{piece.memory.size(), piece.id}, &piece).first;
+  piece.freed_ns = now;
+  FreePieces& free = devices_[piece.device].free;
+  const std::pair key{piece.memory.size(), piece.id};  // its memory may have been replaced meanwhile
+  if (piece.free_node) {
+    piece.free_node.key() = key;
+    piece.free_entry = free.insert(std::move(piece.free_node)).position;
+  } else {
+    piece.free_entry = free.emplace(key, &piece).first;
+  }
   books_[piece.device].cached_bytes += piece.memory.size();
 }
 

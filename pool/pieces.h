@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pool/book.h"
+#include "pool/clock.h"
 #include "pool/per_device.h"
 #include "pool/stream_order.h"
 #include "pool/tiers.h"
@@ -37,6 +38,7 @@ struct Piece {
   bool spilled = false;        // made by the tiers somewhere other than the device
   int64_t freed_ns = 0;        // when it last became free (steady clock)
   FreePieces::iterator free_entry;  // while free
+  FreePieces::node_type free_node;  // while not free: its entry, kept for the next (no allocation)
   std::list<Piece>::iterator self;
 };
 
@@ -56,7 +58,8 @@ class Pieces {
   void hold(Piece& piece, Range* holder);
   // Out of the free ones, chosen for a range; its pending free stays until held.
   void choose(Piece& piece);
-  void set_free(Piece& piece);
+  // Free from `now` (steady ns): a caller freeing many reads the clock once.
+  void set_free(Piece& piece, int64_t now = now_ns());
   // Back to the driver; it must be mapped in no range.
   void release(Piece& piece);
 

@@ -78,7 +78,8 @@ bool Slabs::cache_empty(int device, bool wait) {
     r->class_size = 0;
     r->blocks.assign(1, Block{});
     ranges_.cache(*r);
-    for (Piece* p : r->pieces) pieces_.set_free(*p);
+    const int64_t now = now_ns();
+    for (Piece* p : r->pieces) pieces_.set_free(*p, now);
   }
   return !empty.empty();
 }

@@ -139,7 +139,8 @@ CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, Range**
   if (status == CUDA_SUCCESS && parts.size() > 1) books_.publish(device, GMEM_STAT_stitches, 1);
   if (status == CUDA_SUCCESS) status = ranges_.map(parts, device, out);
   if (status != CUDA_SUCCESS) {
-    for (Piece* p : parts) pieces_.set_free(*p);
+    const int64_t now = now_ns();
+    for (Piece* p : parts) pieces_.set_free(*p, now);
   }
   return status;
 }

@@ -145,8 +145,9 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
     range.live = 0;
     ranges_.cache(range);
     order_.share(range.last_free, pending);
+    const int64_t now = now_ns();
     for (Piece* p : range.pieces) {
-      pieces_.set_free(*p);
+      pieces_.set_free(*p, now);
       order_.share(p->pending, pending);
     }
   }

@@ -126,7 +126,8 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
     if (status != CUDA_SUCCESS) map_over(*range, before, !range->shared.empty());
   }
   if (status != CUDA_SUCCESS) {
-    for (Piece* p : fresh) pieces_.set_free(*p);
+    const int64_t now = now_ns();
+    for (Piece* p : fresh) pieces_.set_free(*p, now);
     return status;
   }
   publish_remap(*range, before.size(), after.size());
