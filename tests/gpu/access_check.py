@@ -19,10 +19,10 @@ Prints the figures and BENCH access_check_*; exits 1 on a wrong count.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gmem_child  # noqa: E402
 import gmem_stats  # noqa: E402
 from sweep import pcie_meter  # noqa: E402
 
@@ -113,16 +113,12 @@ def main():
         return child(args)
     if not args.shim:
         ap.error("--shim is needed")
-    env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.shim),
-               GMEM_CONF=f"pool:vmm,device_budget:{args.budget},device_reserve:0,peer_budget:0,host_budget:8G,"
-                         "host_prepare:0,migrate_after_ms:0")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--gb", str(args.gb)] + (["--graph"] * args.graph)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        print(f"access_check: the child failed (exit {p.returncode}):\n{p.stdout}{p.stderr}", file=sys.stderr)
+    conf = (f"pool:vmm,device_budget:{args.budget},device_reserve:0,peer_budget:0,host_budget:8G,"
+            "host_prepare:0,migrate_after_ms:0")
+    r, failed = gmem_child.run(__file__, ["--gb", str(args.gb)] + ["--graph"] * args.graph, args.shim, conf)
+    if failed:
+        print(f"access_check: {failed}", file=sys.stderr)
         return 1
-    r = json.loads(lines[-1])
     print(json.dumps(r, indent=1))
     print(f"BENCH access_check_add_host_access_gb {r['add']['host_access_bytes'] / 1e9:.3f} GB")
     print(f"BENCH access_check_spilled_host_gb {r['host_bytes'] / 1e9:.3f} GB")

@@ -12,11 +12,11 @@ there (the placement this measures did not happen) or a result is wrong.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gmem_child  # noqa: E402
 import gmem_stats  # noqa: E402
 from sweep import pcie_meter  # noqa: E402
 
@@ -85,18 +85,15 @@ def main():
         return child(args)
     if not args.shim:
         ap.error("--shim is needed")
-    env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.shim),
-               GMEM_CONF=f"device_budget:{args.budget_gb}G,device_reserve:0,peer_budget:0,host_budget:64G,"
-                         "host_prepare:0,migrate_after_ms:0")
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"  # a tensor per allocation: placements are exact
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--rows", str(args.rows), "--width",
-           str(args.width), "--ballast-gb", str(args.ballast_gb)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        print(f"spilled_ops: the child failed (exit {p.returncode}):\n{p.stdout}{p.stderr}", file=sys.stderr)
+    conf = (f"device_budget:{args.budget_gb}G,device_reserve:0,peer_budget:0,host_budget:64G,"
+            "host_prepare:0,migrate_after_ms:0")
+    r, failed = gmem_child.run(__file__, ["--rows", str(args.rows), "--width", str(args.width), "--ballast-gb",
+                                          str(args.ballast_gb)], args.shim, conf,
+                               # a tensor per allocation: placements are exact
+                               env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    if failed:
+        print(f"spilled_ops: {failed}", file=sys.stderr)
         return 1
-    r = json.loads(lines[-1])
     print(f"operands of {r['operand_bytes'] / GB:.2f} GB; gmem held {r['host_bytes'] / GB:.2f} GB on the host")
     print("| op | time (ms) | to device (GB) | to host (GB) | busier direction (GB/s) | share of the link |")
     print("| --- | --- | --- | --- | --- | --- |")
