@@ -113,6 +113,19 @@ int replay(const std::string& path) {
 
 }  // namespace
 
+// Nanoseconds per cuMemAllocAsync + cuMemFreeAsync pair of `size` on one
+// stream, over `pairs` pairs; `chunks`, if given, gets the range's chunk count.
+double pair_ns(gmem::pool::VmmPool& pool, std::size_t size, int pairs, std::size_t* chunks = nullptr) {
+  gmem::pool::Block block;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    pool.alloc(&block, size, 0, nullptr, 1, false);
+    pool.free_async(block.base, {nullptr, 1}, false, false);
+  }
+  if (chunks) *chunks = block.chunks;  // the last range's
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / pairs;
+}
+
 // The pool's own CPU cost of a cache hit: cuMemAllocAsync + cuMemFreeAsync
 // pairs on one stream, the driver doing nothing (its calls are a few ns).
 void own_cost() {
@@ -120,18 +133,11 @@ void own_cost() {
   const gmem::vmm::Driver driver = gmem::accounting::driver();
   gmem::pool::VmmPool pool(driver, nullptr);
   for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{1} << 30}) {
-    constexpr int pairs = 1000000;
-    gmem::pool::Block block;
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < pairs; ++i) {
-      pool.alloc(&block, size, 0, nullptr, 1, false);
-      pool.free_async(block.base, {nullptr, 1}, false, false);
-    }
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+    const double ns = pair_ns(pool, size, 1000000);
     const std::string name = size >= (1 << 30) ? std::to_string(size >> 30) + "GiB"
                              : size >= (1 << 20) ? std::to_string(size >> 20) + "MiB"
                                                  : std::to_string(size >> 10) + "KiB";
-    printf("BENCH pool_own_alloc_free_async_%s %.1f ns\n", name.c_str(), ns / pairs);
+    printf("BENCH pool_own_alloc_free_async_%s %.1f ns\n", name.c_str(), ns);
   }
   // A hit of a range stitched from many chunks: 64 ranges of 4 MiB freed,
   // then 1 GiB asked for beyond the pool's headroom joins them (a hit costs
@@ -140,18 +146,10 @@ void own_cost() {
   std::vector<gmem::pool::Block> small(64);
   for (gmem::pool::Block& b : small) stitched.alloc(&b, std::size_t{4} << 20, 0, nullptr, 1, false);
   for (gmem::pool::Block& b : small) stitched.free_async(b.base, {nullptr, 1}, false, false);
-  gmem::pool::Block block;
-  stitched.alloc(&block, std::size_t{1} << 30, 0, nullptr, 1, false);
-  const std::size_t chunks = block.chunks;
-  stitched.free_async(block.base, {nullptr, 1}, false, false);
-  constexpr int pairs = 100000;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < pairs; ++i) {
-    stitched.alloc(&block, std::size_t{1} << 30, 0, nullptr, 1, false);
-    stitched.free_async(block.base, {nullptr, 1}, false, false);
-  }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-  printf("BENCH pool_own_alloc_free_async_1GiB_of_%zu_chunks %.1f ns\n", chunks, ns / pairs);
+  std::size_t chunks = 0;
+  pair_ns(stitched, std::size_t{1} << 30, 1, &chunks);  // stitches the range
+  const double ns = pair_ns(stitched, std::size_t{1} << 30, 100000);
+  printf("BENCH pool_own_alloc_free_async_1GiB_of_%zu_chunks %.1f ns\n", chunks, ns);
 }
 
 int main(int argc, char** argv) {
