@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gmem_child  # noqa: E402
 import gmem_stats  # noqa: E402
-from sweep import pcie_meter  # noqa: E402
+from pcie_meter import open_meter  # noqa: E402
 
 GB = 1 << 30
 
@@ -49,7 +49,7 @@ def child(args):
         torch.cuda.synchronize()
         return gmem_stats.read_own(0)
 
-    meter = pcie_meter()
+    meter = open_meter()
     start = figures()
     result["host_bytes"] = start["host_bytes"]
     crossed = meter.bytes() if meter else None

@@ -11,8 +11,11 @@ referenced, an upper bound).
 
     meter = PcieMeter(0)                  # the device as NVML numbers it
     to_device, to_host = meter.bytes()    # since the meter started
+
+or open_meter(), which says why on stderr and gives None where NVML cannot.
 """
 import ctypes
+import sys
 import threading
 
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
@@ -79,3 +82,12 @@ class PcieMeter:
         self._stop.set()
         self._thread.join()
         self._nvml.nvmlShutdown()
+
+
+def open_meter(index=0):
+    """A PcieMeter of device `index`, or None (said on stderr) where NVML cannot give one."""
+    try:
+        return PcieMeter(index)
+    except OSError as e:
+        print(f"pcie_meter: PCIe bytes not measured: {e}", file=sys.stderr)
+        return None

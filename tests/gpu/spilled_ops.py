@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gmem_child  # noqa: E402
 import gmem_stats  # noqa: E402
-from sweep import pcie_meter  # noqa: E402
+from pcie_meter import open_meter  # noqa: E402
 
 GB = 1e9
 
@@ -35,7 +35,7 @@ def child(args):
     accumulator = torch.zeros_like(table)  # index_add_'s target, on the device too
     ballast = torch.empty(args.ballast_gb * 2**30 // 4, device="cuda")  # fills the rest of the budget
     torch.cuda.synchronize()
-    meter = pcie_meter()
+    meter = open_meter()
     results = {}
 
     def timed(name, op):

@@ -30,6 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+from pcie_meter import open_meter  # noqa: E402
 
 # name: (PYTORCH_CUDA_ALLOC_CONF, GMEM_CONF under gmem or None without; "":
 # the shim preloaded and nothing else set, as a new user runs it)
@@ -101,12 +102,7 @@ def child(args):
     under_gmem = "LD_PRELOAD" in os.environ  # attempt() sets it only under gmem
     spilled = {}
 
-    def sample():
-        import gmem_stats
-        try:
-            figures = gmem_stats.read_own(0)
-        except gmem_stats.StatsError:
-            return
+    def sample(figures):
         now = {"torch_reserved": torch.cuda.memory_reserved(), "torch_allocated": torch.cuda.memory_allocated()}
         now |= {"gmem_" + k: figures[k] for k in GMEM_SPILL}
         if not spilled or now["gmem_host_bytes"] + now["gmem_peer_bytes"] >= (
@@ -121,20 +117,21 @@ def child(args):
             losses.append(step().item())
             warmup.append(time.perf_counter() - start)
         times, host_access, pcie = [], [], []
-        meter = pcie_meter()
+        meter = open_meter()
         for _ in range(args.steps):
             torch.cuda.synchronize()
-            before = host_access_bytes()
+            before = own_figures()
             crossed = meter.bytes() if meter else None
             start = time.perf_counter()
             losses.append(step().item())
             times.append(time.perf_counter() - start)
-            if before is not None:
-                host_access.append(host_access_bytes() - before)
+            after = own_figures()
+            if before and after:
+                host_access.append(after["host_access_bytes"] - before["host_access_bytes"])
             if meter:
                 pcie.append([b - a for a, b in zip(crossed, meter.bytes())])
-            if under_gmem:
-                sample()
+            if after:
+                sample(after)
     except torch.OutOfMemoryError as e:
         print(json.dumps({"oom": str(e).splitlines()[0][:200]}))
         return OOM_EXIT
@@ -172,26 +169,15 @@ def child(args):
     return 0
 
 
-def pcie_meter():
-    """A PcieMeter of device 0 (pcie_meter.py), or None where NVML cannot give one."""
-    from pcie_meter import PcieMeter
-    try:
-        return PcieMeter(0)
-    except OSError as e:
-        print(f"sweep: PCIe bytes not measured: {e}", file=sys.stderr)
-        return None
-
-
-def host_access_bytes():
-    """gmem's count of the bytes this process's launches referenced in pinned
-    host memory so far (include/gmem/stats.h; track_access), or None when not
-    under gmem or not readable."""
+def own_figures():
+    """gmem's figures of device 0 from this process's stats file
+    (include/gmem/stats.h), or None when not under gmem or not readable."""
     if "LD_PRELOAD" not in os.environ:  # attempt() sets it only under gmem
         return None
     import gmem_stats
     try:
-        return gmem_stats.read_own(0)["host_access_bytes"]
-    except (gmem_stats.StatsError, KeyError):
+        return gmem_stats.read_own(0)
+    except gmem_stats.StatsError:
         return None
 
 
