@@ -56,6 +56,7 @@ pool::Budgets budgets(const Config& config) {
   b.peer_reserve = config.peer_reserve;
   b.host = config.host_budget;
   b.host_prepare = config.host_prepare;
+  b.host_chunk = config.host_chunk;
   b.mem_info = config.mem_info;
   return b;
 }

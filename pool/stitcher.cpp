@@ -36,16 +36,25 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
   };
   auto of_kind = [&](const Piece& p) { return spilled_too || !p.spilled; };
   auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream); };
+  auto spilled_ready = [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); };
   while (*covered < size) {
     const std::size_t need = size - *covered;
     auto fits = free.lower_bound({need, 0});
     auto too_big = free.upper_bound({need + slack, UINT64_MAX});
-    // The smallest chunk that covers the rest within the slack; else, while
-    // the range may take more parts, the largest smaller one; else the
-    // smallest larger one, made again at the size needed (unless the pool may
-    // grow: new memory then serves the rest and no cached range is lost).
+    // The smallest chunk that covers the rest within the slack (a spilled one:
+    // no larger than the host chunk that would be pinned for it); else, while
+    // the range may take more parts, the largest smaller one (spilled ones
+    // are units: a range takes as many as it needs); else the smallest larger
+    // one, made again at the size needed (unless the pool may grow: new
+    // memory then serves the rest and no cached range is lost).
     Piece* piece = first(fits, too_big, reusable);
-    if (!piece && parts->size() + 1 < most_parts) piece = first(std::make_reverse_iterator(fits), free.rend(), reusable);
+    if (!piece && spilled_too && tiers_ && tiers_->host_chunk(device, need) > need + slack) {
+      piece = first(too_big, free.upper_bound({tiers_->host_chunk(device, need), UINT64_MAX}), spilled_ready);
+    }
+    auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || parts->size() + 1 < most_parts); };
+    if (!piece && (spilled_too || parts->size() + 1 < most_parts)) {
+      piece = first(std::make_reverse_iterator(fits), free.rend(), smaller);
+    }
     bool split = !piece && !may_grow;
     // A device chunk is made again only once nothing may use it or the ranges
     // it is mapped in: rather than grow beyond the headroom, the pool waits for that.
@@ -53,10 +62,10 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     if (split) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, false); });
     if (split && !piece) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, true); });
     // A spilled chunk is never made again (unpinning and pinning host memory
-    // again costs about 1 s per 3 GB, at every step of a job whose requests
-    // vary): one too big serves whole.
-    if (split && !piece && spilled_too) {
-      piece = first(too_big, free.end(), [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); });
+    // again costs about 1 s per 3 GB): one too big serves whole rather than
+    // a new one be pinned.
+    if (!piece && spilled_too) {
+      piece = first(too_big, free.end(), spilled_ready);
       split = false;
     }
     if (!piece) break;

@@ -96,7 +96,22 @@ void Tiers::after_fork(bool child) {
   mutex_.unlock();
 }
 
-void Tiers::expect_host_chunk(int device, std::size_t size) {
+std::size_t Tiers::host_chunk_locked(int device, std::size_t want) {
+  const std::size_t granularity = info(device).granularity;
+  const std::size_t budget = host_budget_locked();
+  const std::size_t unit =
+      std::max(granularity, round_down(std::min(budgets_.host_chunk.of(budget), budget / 16), granularity));
+  std::size_t size = granularity;
+  while (size < want && size < unit) size *= 2;
+  return std::min(size, unit);
+}
+
+std::size_t Tiers::host_chunk(int device, std::size_t want) {
+  std::lock_guard lock(mutex_);
+  return host_chunk_locked(device, want);
+}
+
+void Tiers::prepare_ahead(int device) {
   const std::size_t target = budgets_.host_prepare.share < 0 ? budgets_.host_prepare.bytes
                                                               : budgets_.host_prepare.of(host_budget_locked());
   DeviceInfo& d = info(device);
@@ -107,10 +122,11 @@ void Tiers::expect_host_chunk(int device, std::size_t size) {
     CUcontext context = nullptr;
     driver_.cuCtxGetCurrent(&context);
     preparer_device_ = device;
-    preparer_ = std::make_unique<HostPreparer>(target, [this, where, context](std::size_t bytes, vmm::Chunk* out) {
+    preparer_unit_ = host_chunk_locked(device, SIZE_MAX);
+    preparer_ = std::make_unique<HostPreparer>(target, preparer_unit_, [this, where, context](vmm::Chunk* out) {
       CUcontext current = nullptr;
       if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != context) driver_.cuCtxSetCurrent(context);
-      return prepare_host(where, bytes, out);
+      return prepare_host(where, preparer_unit_, out);
     });
     static std::once_flag handlers;
     std::call_once(handlers, [] {
@@ -119,7 +135,7 @@ void Tiers::expect_host_chunk(int device, std::size_t size) {
       pthread_atfork(lock_all_before_fork, unlock_all_in_parent, unlock_all_in_child);
     });
   }
-  preparer_->expect(size);
+  preparer_->wake();
 }
 
 CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out) {
@@ -213,9 +229,9 @@ std::size_t Tiers::device_room(int device, std::size_t pool_bytes) {
 bool Tiers::device_may_hold(int device, std::size_t pool_bytes, std::size_t size) {
   std::lock_guard lock(mutex_);
   const std::size_t room = device_room(device, pool_bytes);
-  // Near full: the next chunks of this size may have to come from the host.
+  // Near full: the next chunks may have to come from the host.
   const std::size_t budget = budgets_.device.of(info(device).total);
-  if (preparer_ || room < size + budget / 10) expect_host_chunk(device, size);
+  if (preparer_ || room < size + budget / 10) prepare_ahead(device);
   // Once the device spills, its last memory (device_reserve) stays the driver's.
   if (spilled(device)) return size <= device_free_locked(device, pool_bytes);
   return size <= room;
@@ -269,39 +285,35 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   }
   vmm::Location where;
   if (!d.topology.host_location(&where)) return CUDA_ERROR_OUT_OF_MEMORY;
-  expect_host_chunk(device, want);
-  if (preparer_ && preparer_->take(want, out)) {
+  prepare_ahead(device);
+  // Host chunks are units, or for less, a power of two of the granularity:
+  // a freed one serves a later spill of any size (pool/stitcher.h).
+  std::size_t size = host_chunk_locked(device, want);
+  if (preparer_ && size == preparer_unit_ && preparer_->take(out)) {
     prepared_ -= out->size();
     hold(*out, device, true);  // prepared for no device until now
     publish_prepared(preparer_device_);
     return CUDA_SUCCESS;
   }
-  if (preparer_ && host_room_locked() < want) {
-    // Prepared chunks of other sizes give their room to this request.
+  if (preparer_ && host_room_locked() < size) {
+    // Prepared chunks give their room to this request.
     std::vector<vmm::Chunk> spare = preparer_->drain();
     lock.unlock();
     spare.clear();
     lock.lock();
   }
-  // The host may refuse to pin a chunk that large at once (the node's memory
-  // is short of the budget): halves, down to the granularity, are tried, and
-  // sizes refused are not tried again until host memory goes back.
-  std::size_t size = std::min({want, round_down(host_room_locked(), granularity), host_refused_ - granularity});
-  for (; size >= granularity; size = round_down(size / 2, granularity)) {
-    host_held_ += size;
-    lock.unlock();
-    CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
-    lock.lock();
+  size = std::min(size, round_down(host_room_locked(), granularity));
+  if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  host_held_ += size;
+  lock.unlock();
+  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
+  lock.lock();
+  if (status != CUDA_SUCCESS) {
     host_held_ -= size;
-    if (status == CUDA_SUCCESS) {
-      host_held_ += size;
-      hold(*out, device, true);
-      return CUDA_SUCCESS;
-    }
-    if (status != CUDA_ERROR_OUT_OF_MEMORY) return status;
-    host_refused_ = std::min(host_refused_, size);
+    return status;
   }
-  return CUDA_ERROR_OUT_OF_MEMORY;
+  hold(*out, device, true);
+  return CUDA_SUCCESS;
 }
 
 void Tiers::hold(const vmm::Chunk& chunk, int device, bool host) {
@@ -329,7 +341,6 @@ void Tiers::released(const vmm::Chunk& chunk) {
   std::erase_if(mapped_, [&](const auto& entry) { return entry.second.handle == chunk.handle(); });
   if (h.host) {
     host_held_ -= h.size;
-    host_refused_ = SIZE_MAX;
   } else {
     devices_[chunk.location().id].peer_held -= h.size;
   }

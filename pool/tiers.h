@@ -48,13 +48,19 @@ class Tiers final : public vmm::ChunkObserver {
   // driver's own needs: kernels' local memory, modules; a device filled to its
   // last chunk failed torch's kernels with out of memory), within its budget.
   std::size_t device_free(int device, std::size_t pool_bytes);
-  // One chunk of at most `want` bytes for `device` (whose context is current),
-  // where the pool holds `pool_bytes` for it: on the device itself if part of
+  // One chunk for `want` bytes of `device` (whose context is current), where
+  // the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with
-  // room, else on the host; smaller than `want` where a tier has less room.
+  // room, else on the host (a host_chunk; up to a unit larger than a small
+  // `want`); smaller than `want` where a tier has less room.
   // CUDA_ERROR_OUT_OF_MEMORY when no tier has any.
   CUresult make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out);
 
+  // The size of the host chunk made for `want` bytes of `device`: the unit
+  // (host_chunk, at most a 16th of the host budget, in the granularity), or
+  // for less, the smallest power-of-two multiple of the granularity that
+  // holds `want`. A free spilled chunk no larger serves as well as a new one.
+  std::size_t host_chunk(int device, std::size_t want);
   // Whether any chunk of `device` lives in a tier (cheap: one atomic load).
   bool spilled(int device) const;
   // The bytes of [base, base + size) that lie in peer and host chunks.
@@ -118,8 +124,10 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }
   void publish(int device);
   void publish_prepared(int device);  // under mutex_
-  // A chunk of `size` will likely be wanted on `device`'s host node; under mutex_.
-  void expect_host_chunk(int device, std::size_t size);
+  // Host chunks will likely be wanted for `device`: the preparer (started if
+  // need be) keeps host_prepare of them ready; under mutex_.
+  void prepare_ahead(int device);
+  std::size_t host_chunk_locked(int device, std::size_t want);
   // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
   CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
   void placed(CUdeviceptr at, bool host, int64_t delta);  // under mutex_
@@ -135,13 +143,13 @@ class Tiers final : public vmm::ChunkObserver {
   bool host_budget_known_ = false;
   std::size_t host_held_ = 0;
   std::size_t prepared_ = 0;  // of host_held_, prepared chunks not yet used
-  std::size_t host_refused_ = SIZE_MAX;  // the smallest host chunk the driver refused since host memory last went back
   std::map<int, DeviceInfo> devices_;
   std::unordered_map<CUmemGenericAllocationHandle, Held> held_;
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
   std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
   AccessTable* access_ = nullptr;
   int preparer_device_ = -1;                  // the device whose near-full started it
+  std::size_t preparer_unit_ = 0;             // the size of the chunks it prepares
   std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go
 };
 

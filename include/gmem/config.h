@@ -42,9 +42,14 @@
     "cannot be swapped, so half stays for the job's own host memory); 0: no host "   \
     "tier")                                                                           \
   X(host_prepare, amount, "1G",                                                      \
-    "pinned host memory a background thread prepares ahead of need, in the sizes "   \
-    "the pool recently made, once a device is near full (a size, or a share of "      \
-    "host_budget); 0: no thread")                                                     \
+    "pinned host memory a background thread prepares ahead of need, in host_chunk "   \
+    "chunks, once a device is near full (a size, or a share of host_budget); 0: no "  \
+    "thread")                                                                         \
+  X(host_chunk, amount, "64M",                                                       \
+    "pinned host memory is made in chunks of this size (at most a 16th of "           \
+    "host_budget), and a spill needing less in the smallest power of two of the "     \
+    "granularity that holds it, so that a freed chunk serves later spills of any "    \
+    "size (a size, or a share of host_budget)")                                       \
   X(migrate_after_ms, millis, "1000",                                              \
     "pool:vmm moves the spilled memory of live allocations back to the device once "  \
     "no allocation has been served with spilled memory for this long (and for twice " \

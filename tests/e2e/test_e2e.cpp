@@ -13,6 +13,8 @@
 #include <regex>
 #include <sstream>
 
+#include "gmem/config.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -127,7 +129,11 @@ TEST_P(Job, MisreadConfigurationStopsTheJob) {
     EXPECT_NE(r.err.find("fix GMEM_CONF or unset it"), std::string::npos);
   }
   Result r = run({GetParam()}, with(preload, "bogus:1"));
-  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: disable, report, pool, pool_headroom, device_budget, device_reserve, peer_budget, peer_reserve, host_budget, host_prepare, migrate_after_ms, track_access, torch_retry, mem_info, stats, stats_dir, dedup, dedup_socket, log_level)"), std::string::npos);
+  std::string keys;
+#define GMEM_KEY_NAME(name, type, value, doc) keys += std::string(keys.empty() ? "" : ", ") + #name;
+  GMEM_CONFIG_KEYS(GMEM_KEY_NAME)
+#undef GMEM_KEY_NAME
+  EXPECT_NE(r.err.find("unknown key 'bogus' (valid keys: " + keys + ")"), std::string::npos) << r.err;
 }
 
 TEST_P(Job, WithoutARealDriverCuInitFailsAsOnAMachineWithoutOne) {

@@ -151,7 +151,7 @@ TEST_F(Spill, AnAllocationSpansDevicePeerAndHost) {
   EXPECT_EQ(pb.tier, GMEM_TIER_HOST);  // its slowest part
   EXPECT_EQ(pb.host_bytes, 12 * mib);
   EXPECT_EQ(pb.peer_bytes, 24 * mib);
-  EXPECT_EQ(pb.chunks, 3);
+  EXPECT_EQ(pb.chunks, 2 + 6);  // the host's 12 MiB in units of 2 MiB: host_chunk is at most a 16th of host_budget
   gmem_placement pa = stats.placement(a);
   EXPECT_EQ(pa.tier, GMEM_TIER_DEVICE);
   EXPECT_EQ(pa.host_bytes + pa.peer_bytes, 0u);
@@ -405,9 +405,10 @@ CUmemGenericAllocationHandle driver_handle(CUdeviceptr ptr) {
 
 using Prepare = Tiers;
 
-// No thread until the device is near full; then host chunks of the sizes the
-// pool makes are pinned ahead, and a spill takes one; a forked child has no
-// such thread and exits at once.
+// No thread until the device is near full; then host chunks (units of 2 MiB:
+// host_chunk is at most a 16th of the 48 MiB budget) are pinned ahead, up to
+// host_prepare (16 MiB), and a spill takes them; a forked child has no such
+// thread and exits at once.
 TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
   const int before = threads();
   alloc(8 * mib);
@@ -417,15 +418,16 @@ TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
   CUdeviceptr near = alloc(12 * mib);  // 4 MiB left: near full
   fill(near, 12 * mib, 11);
   EXPECT_EQ(threads(), before + 1);
-  ASSERT_TRUE(wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib)) << "no 12 MiB chunk prepared";
+  ASSERT_TRUE(wait_for(GMEM_STAT_host_prepared_bytes, 16 * mib)) << "host_prepare not reached";
   EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 0u);  // prepared is no device's yet
 
-  // 4 MiB on the device, 12 from the prepared chunk: made before the device's part.
+  // 4 MiB on the device, 12 from six prepared chunks: made before the device's part.
   CUdeviceptr b = alloc(16 * mib);
   round_trip(b, 16 * mib, 12);
   check(near, 12 * mib, 11);
   OwnStats stats;
   EXPECT_EQ(stats.placement(b).host_bytes, 12 * mib);
+  EXPECT_EQ(stats.placement(b).chunks, 1 + 6);
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 12 * mib);
   const CUmemGenericAllocationHandle device_part = driver_handle(b), host_part = driver_handle(b + 15 * mib);
   ASSERT_NE(device_part, 0u);
@@ -433,12 +435,12 @@ TEST_F(Prepare, HostChunksArePinnedAheadOnceTheDeviceIsNearFull) {
   EXPECT_LT(host_part, device_part) << "the host part was pinned during the allocation, not ahead of it";
   EXPECT_EQ(driver_memory_type(b + 15 * mib), CU_MEMORYTYPE_HOST);
 
-  // A request the prepared chunks do not fit takes their room: host budget 48
-  // MiB, 12 in use, up to 12 prepared (half the room at most).
-  wait_for(GMEM_STAT_host_prepared_bytes, 12 * mib);
-  CUdeviceptr c = alloc(36 * mib);
-  round_trip(c, 36 * mib, 13);
-  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 48 * mib);
+  // Taken chunks are prepared again, and a spill larger than what is ready
+  // takes all of it and pins the rest: 12 MiB in use, 16 prepared, of 48.
+  ASSERT_TRUE(wait_for(GMEM_STAT_host_prepared_bytes, 16 * mib)) << "not prepared again";
+  CUdeviceptr c = alloc(30 * mib);
+  round_trip(c, 30 * mib, 13);
+  EXPECT_EQ(OwnStats().device(0, GMEM_STAT_host_reserved_bytes), 42 * mib);
 
   pid_t child = fork();
   if (child == 0) {
@@ -549,10 +551,11 @@ TEST_F(NoPeer, WithoutP2PTheHostTakesWhatTheDeviceCannotHold) {
   EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
 }
 
-// A free host chunk larger than a later spill needs serves whole: making it
-// again at the size needed would unpin and pin host memory (about 1 s per
-// 3 GB on a GPU machine) at every step of a job whose requests vary.
-TEST_F(NoPeer, AFreeHostChunkTooBigServesWholeRatherThanBePinnedAgain) {
+// Host memory is pinned in units (2 MiB here: host_chunk is at most a 16th of
+// the 48 MiB budget), so what one spill freed serves later spills of other
+// sizes without pinning again (about 1 s per 3 GB on a GPU machine), and none
+// of it is spent on a chunk larger than the request it serves.
+TEST_F(NoPeer, FreedHostChunksServeLaterSpillsOfOtherSizesWithoutPinning) {
   CUdeviceptr a = alloc(60 * mib);
   fill(a, 60 * mib, 17);
   CUdeviceptr b = alloc(30 * mib);  // 4 MiB on the device, 26 MiB on the host
@@ -560,11 +563,15 @@ TEST_F(NoPeer, AFreeHostChunkTooBigServesWholeRatherThanBePinnedAgain) {
   ASSERT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 26 * mib);
   free(b);
   const uint64_t chunks = stats.device(0, GMEM_STAT_chunks);
-  CUdeviceptr c = alloc(10 * mib);  // the device's 4 MiB and 6 MiB of the host chunk
+  CUdeviceptr c = alloc(10 * mib);  // the device's 4 MiB and 6 MiB of the host's
+  CUdeviceptr d = alloc(14 * mib);  // 14 MiB of the host's
   round_trip(c, 10 * mib, 16);
+  round_trip(d, 14 * mib, 17);
   EXPECT_EQ(stats.device(0, GMEM_STAT_chunks), chunks) << "a chunk was made again";
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 26 * mib);
-  EXPECT_EQ(stats.placement(c).tier, GMEM_TIER_HOST);
+  EXPECT_EQ(stats.placement(c).host_bytes, 6 * mib);
+  EXPECT_EQ(stats.placement(d).host_bytes, 14 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_cached_free_bytes), 6 * mib);
   check(a, 60 * mib, 17);
 }
 
