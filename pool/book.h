@@ -30,6 +30,9 @@ struct Work {
   // Chunks made by the tiers (a peer's, the host's) and given back, and the
   // time spent making them: pinning host memory costs about 1 s per 3 GB.
   uint64_t spilled_made = 0, spilled_released = 0, spill_ns = 0;
+  // Requests answered out of memory, and what refused on the way: a tier
+  // (its budget or the driver: spill_refused), a range's mapping (map_failed).
+  uint64_t refused = 0, spill_refused = 0, map_failed = 0;
 };
 
 struct Book {

@@ -37,8 +37,10 @@ bool HostPreparer::take(vmm::Chunk* out) {
   {
     std::lock_guard lock(mutex_);
     if (prepared_.empty()) return false;
-    *out = std::move(prepared_.back());
-    prepared_.pop_back();
+    // The oldest: a spill taking many sees the ones pinned ahead, not the
+    // ones this take started.
+    *out = std::move(prepared_.front());
+    prepared_.erase(prepared_.begin());
   }
   wake_.notify_one();  // one more to prepare
   return true;

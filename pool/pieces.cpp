@@ -17,6 +17,7 @@ CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
     if (spill) {
       Timer spill_timer(book.work.spill_ns);
       status = tiers_->make(device, book.figures.reserved, size, &memory);
+      book.work.spill_refused += status != CUDA_SUCCESS;
     } else if (!tiers_ || tiers_->device_may_hold(device, book.figures.reserved, size)) {
       status = vmm::Chunk::create(driver_, device, size, &memory);
     }

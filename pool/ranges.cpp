@@ -58,6 +58,7 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
       status = range->va.map(offset, pieces[i]->memory, device);
     }
     if (status != CUDA_SUCCESS) {
+      ++work.map_failed;
       if (offset) range->va.unmap(0, offset);
       return status;
     }

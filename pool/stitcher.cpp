@@ -9,6 +9,16 @@
 
 namespace gmem::pool {
 
+namespace {
+
+// The parts of a range on the device itself: the ones the part limits count
+// (spilled chunks are units, of which a range takes as many as it needs).
+std::size_t device_parts(const std::vector<Piece*>& parts) {
+  return std::count_if(parts.begin(), parts.end(), [](const Piece* p) { return !p->spilled; });
+}
+
+}  // namespace
+
 bool Stitcher::may_grow(const Book& book, std::size_t size) const {
   return book.figures.reserved + size <= book.peak_used + std::size_t(double(book.peak_used) * headroom_);
 }
@@ -37,6 +47,7 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
   auto of_kind = [&](const Piece& p) { return spilled_too || !p.spilled; };
   auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream); };
   auto spilled_ready = [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); };
+  std::size_t on_device = device_parts(*parts);
   while (*covered < size) {
     const std::size_t need = size - *covered;
     auto fits = free.lower_bound({need, 0});
@@ -51,8 +62,8 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     if (!piece && spilled_too && tiers_ && tiers_->host_chunk(device, need) > need + slack) {
       piece = first(too_big, free.upper_bound({tiers_->host_chunk(device, need), UINT64_MAX}), spilled_ready);
     }
-    auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || parts->size() + 1 < most_parts); };
-    if (!piece && (spilled_too || parts->size() + 1 < most_parts)) {
+    auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || on_device + 1 < most_parts); };
+    if (!piece && (spilled_too || on_device + 1 < most_parts)) {
       piece = first(std::make_reverse_iterator(fits), free.rend(), smaller);
     }
     bool split = !piece && !may_grow;
@@ -79,6 +90,7 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
       piece = part;
     }
     *covered += piece->memory.size();
+    on_device += !piece->spilled;
     parts->push_back(piece);
   }
 }
@@ -112,11 +124,13 @@ CUresult Stitcher::add_new(int device, std::size_t size, std::vector<Piece*>* pa
 
 CUresult Stitcher::merge(int device, std::vector<Piece*>* parts) {
   std::sort(parts->begin(), parts->end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
+  std::size_t on_device = device_parts(*parts);
   std::vector<Piece*> merged;
-  for (auto it = parts->begin(); it != parts->end() && parts->size() + !merged.empty() > most_parts;) {
+  for (auto it = parts->begin(); it != parts->end() && on_device + !merged.empty() > most_parts;) {
     if (!(*it)->spilled && ranges_.droppable(**it, false)) {
       merged.push_back(*it);
       it = parts->erase(it);
+      --on_device;
     } else {
       ++it;
     }
@@ -144,7 +158,7 @@ CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, Range**
     take_free(device, size, stream, false, grow ? max_parts : most_parts, true, &parts, &covered);
   }
   CUresult status = covered < size ? add_new(device, size, &parts, &covered) : CUDA_SUCCESS;
-  if (status == CUDA_SUCCESS && parts.size() > most_parts) status = merge(device, &parts);
+  if (status == CUDA_SUCCESS && device_parts(parts) > most_parts) status = merge(device, &parts);
   if (status == CUDA_SUCCESS && parts.size() > 1) books_.publish(device, GMEM_STAT_stitches, 1);
   if (status == CUDA_SUCCESS) status = ranges_.map(parts, device, out);
   if (status != CUDA_SUCCESS) {

@@ -16,8 +16,10 @@ namespace gmem::pool {
 
 class Stitcher {
  public:
-  // Chunks stitched into one range: at most this many while the pool may grow
-  // instead, at most `most_parts` when it may not.
+  // Device chunks stitched into one range: at most this many while the pool
+  // may grow instead, at most `most_parts` when it may not. Spilled chunks are
+  // not counted: host chunks are units, of which a range takes as many as its
+  // spill needs.
   static constexpr std::size_t max_parts = 8;
   static constexpr std::size_t most_parts = 64;
 
@@ -55,8 +57,8 @@ class Stitcher {
                  bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered);
   // New memory for what the free chunks did not cover, down to the host.
   CUresult add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered);
-  // Too many mappings for one range: the smallest parts on the device that
-  // nothing may use any more are made again as one chunk.
+  // Too many device chunks for one range: the smallest that nothing may use
+  // any more are made again as one chunk.
   CUresult merge(int device, std::vector<Piece*>* parts);
 
   Books& books_;

@@ -86,6 +86,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     if (range) range->live = 1;
   }
   if (status != CUDA_SUCCESS) {
+    b.work.refused += status == CUDA_ERROR_OUT_OF_MEMORY;
     publish_free_figures(device);
     return status;
   }

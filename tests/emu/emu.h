@@ -126,9 +126,6 @@ struct State {
   // GMEM_EMU_HOST_MEMORY (default: no limit); beyond it cuMemCreate is out of memory.
   std::size_t host_total = SIZE_MAX;
   std::size_t host_used = 0;
-  // GMEM_EMU_HOST_CHUNK_MAX (default: no limit): a larger pinned chunk is out
-  // of memory, as where the GPU's NUMA node has less free than the host.
-  std::size_t host_chunk_max = SIZE_MAX;
   // GMEM_EMU_DEVICE_CHUNK_MAX (default: no limit): a larger device chunk is
   // out of memory, as on an H100 that refuses one chunk of all its free memory.
   std::size_t device_chunk_max = SIZE_MAX;

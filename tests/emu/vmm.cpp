@@ -29,7 +29,7 @@ bool on_device(const CUmemLocation& l) { return l.type == CU_MEM_LOCATION_TYPE_D
 bool charge_location(const CUmemLocation& l, std::size_t bytes) {
   if (on_device(l)) return bytes <= state().device_chunk_max && charge(l.id, bytes);
   State& s = state();
-  if (bytes > s.host_total - s.host_used || bytes > s.host_chunk_max) return false;
+  if (bytes > s.host_total - s.host_used) return false;
   s.host_used += bytes;
   return true;
 }

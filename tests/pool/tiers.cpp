@@ -7,7 +7,7 @@
 //   MemInfo.*   peer_reserve:8M,host_budget:48M,host_prepare:0,mem_info:tiers
 //   Prepare.*   peer_budget:0,host_budget:48M,host_prepare:16M
 //   NoPeer.*    host_budget:48M,host_prepare:0 with GMEM_EMU_P2P=0
-//   HostChunks.* peer_budget:0,host_budget:48M,host_prepare:0 with GMEM_EMU_HOST_CHUNK_MAX=8M
+//   HostChunks.* peer_budget:0,host_budget:256M,host_chunk:2M,host_prepare:0
 //   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
@@ -597,16 +597,23 @@ TEST_F(NoPeer, ADeviceOutOfMemoryGivesBackDeviceChunksOnly) {
   check(a, 40 * mib, 18);
 }
 
-// Where the host cannot pin a chunk as large as the spill needs at once
-// (here 8 MiB at most), the spill is made of smaller host chunks.
-TEST_F(HostChunks, TheHostTierPinsSmallerChunksWhereALargeOneIsRefused) {
-  alloc(64 * mib);
-  CUdeviceptr b = alloc(20 * mib);
-  ASSERT_NE(b, 0u);
-  round_trip(b, 20 * mib, 16);
+// A spill of more host chunks (2 MiB units) than a range's part limit (64)
+// takes them all, and the range's device chunks stay as they are: the limit
+// counts device chunks only. (Remaking the device's parts as one chunk there
+// needed device_reserve's memory, and refused an LM's request on an H100.)
+TEST_F(HostChunks, ASpillOfMoreHostChunksThanThePartLimitKeepsItsDeviceParts) {
+  CUdeviceptr a = alloc(30 * mib);
+  CUdeviceptr b = alloc(30 * mib);
+  fill(b, 30 * mib, 18);
+  free(a);  // 30 MiB free on the device, 4 MiB never used
+  CUdeviceptr c = alloc(200 * mib);
+  ASSERT_NE(c, 0u);
+  round_trip(c, 200 * mib, 19);
+  check(b, 30 * mib, 18);
   OwnStats stats;
-  EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 20 * mib);
-  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_HOST);
+  gmem_placement pc = stats.placement(c);
+  EXPECT_EQ(pc.host_bytes, 166 * mib);
+  EXPECT_EQ(pc.chunks, 2 + 83) << "a's chunk and the device's last 4 MiB, and 83 host chunks";
 }
 
 // Where the device will not make one chunk of all its free memory (here 16
