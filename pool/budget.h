@@ -28,7 +28,7 @@ struct Budgets {
   Amount peer_reserve = Amount::of_share(0.1); // left free on each peer
   Amount host = Amount::of_share(0.5);         // of MemAvailable when first needed
   Amount host_prepare = Amount::of_bytes(uint64_t{1} << 30);  // pinned ahead of need (of the host budget)
-  Amount host_chunk = Amount::of_bytes(uint64_t{64} << 20);  // the unit of pinned host memory (of the host budget)
+  Amount host_chunk = Amount::of_bytes(uint64_t{256} << 20);  // the unit of pinned host memory (of the host budget)
   MemInfo mem_info = MemInfo::device;
 };
 

@@ -45,7 +45,7 @@
     "pinned host memory a background thread prepares ahead of need, in host_chunk "   \
     "chunks, once a device is near full (a size, or a share of host_budget); 0: no "  \
     "thread")                                                                         \
-  X(host_chunk, amount, "64M",                                                       \
+  X(host_chunk, amount, "256M",                                                       \
     "pinned host memory is made in chunks of this size (at most a 16th of "           \
     "host_budget), and a spill needing less in the smallest power of two of the "     \
     "granularity that holds it, so that a freed chunk serves later spills of any "    \
