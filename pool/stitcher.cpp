@@ -59,8 +59,9 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     // one, made again at the size needed (unless the pool may grow: new
     // memory then serves the rest and no cached range is lost).
     Piece* piece = first(fits, too_big, reusable);
-    if (!piece && spilled_too && tiers_ && tiers_->host_chunk(device, need) > need + slack) {
-      piece = first(too_big, free.upper_bound({tiers_->host_chunk(device, need), UINT64_MAX}), spilled_ready);
+    if (const std::size_t as_new = !piece && spilled_too && tiers_ ? tiers_->host_chunk(device, need) : 0;
+        as_new > need + slack) {
+      piece = first(too_big, free.upper_bound({as_new, UINT64_MAX}), spilled_ready);
     }
     auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || on_device + 1 < most_parts); };
     if (!piece && (spilled_too || on_device + 1 < most_parts)) {
