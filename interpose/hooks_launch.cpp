@@ -173,7 +173,7 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
       return;
     }
   }
-  gmem::pool::LaunchReferences refs(table);
+  gmem::pool::LaunchReferences refs(table, f);
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
   refs.finish(pool.publisher());
 }

@@ -6,14 +6,13 @@ namespace gmem::pool {
 
 AccessRecord::Figures AccessRecord::figures() const {
   std::lock_guard lock(table_->mutex_);
-  const Figures now = table_->sums(id_);
-  return {now.launches - taken_.launches, now.bytes - taken_.bytes};
+  return table_->sums(id_) - taken_;
 }
 
 AccessRecord::Figures AccessRecord::take() {
   std::lock_guard lock(table_->mutex_);
   const Figures now = table_->sums(id_);
-  const Figures out{now.launches - taken_.launches, now.bytes - taken_.bytes};
+  const Figures out = now - taken_;
   taken_ = now;
   return out;
 }
@@ -69,6 +68,7 @@ AccessRecord::Figures AccessTable::sums(uint32_t id) const {
     const Counts& c = page[id & ((1u << page_bits) - 1)];
     out.launches += c.launches.load(std::memory_order_relaxed);
     out.bytes += c.bytes.load(std::memory_order_relaxed);
+    out.passes += c.passes.load(std::memory_order_relaxed);
   }
   return out;
 }
@@ -126,7 +126,8 @@ void AccessTable::remove(CUdeviceptr base, std::size_t size) {
 }
 
 // Each launch takes a new mark, so no mark is cleared between launches.
-LaunchReferences::LaunchReferences(AccessTable& table) : table_(table), counts_(table.thread_counts()) {
+LaunchReferences::LaunchReferences(AccessTable& table, const void* function)
+    : table_(table), function_(function), counts_(table.thread_counts()) {
   if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones
     for (auto& page : counts_.pages) {
       if (AccessTable::Counts* counts = page.load(std::memory_order_relaxed)) {

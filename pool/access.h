@@ -39,7 +39,15 @@ class AccessRecord {
     // NVLink (a kernel may read less of the range than it holds, or read it
     // more than once).
     uint64_t bytes = 0;
+    // Passes over the range: launches, less those that continue the same
+    // kernel's walk through it (the same function as the thread's last launch
+    // to reference the range, at a higher address). A kernel over more
+    // elements than one launch takes (PyTorch splits at 2^31) is one pass, as
+    // is a kernel run on each slice of a tensor in turn: a count of how many
+    // times the range's bytes are touched, not of launches.
+    uint64_t passes = 0;
     bool operator==(const Figures&) const = default;
+    Figures operator-(const Figures& o) const { return {launches - o.launches, bytes - o.bytes, passes - o.passes}; }
   };
 
   CUdeviceptr base() const { return base_.load(std::memory_order_relaxed); }
@@ -116,8 +124,12 @@ class AccessTable {
   // Only that thread writes them (plain stores of atomics: no locked
   // instruction); the pool reads them. Kept until the table goes.
   struct Counts {
-    std::atomic<uint64_t> launches{0}, bytes{0};
+    std::atomic<uint64_t> launches{0}, bytes{0}, passes{0};
     uint32_t mark = 0;  // the owner's only: the last launch that counted this record
+    // The owner's only: the function and offset of the last launch that
+    // referenced the range (Figures::passes).
+    const void* function = nullptr;
+    uint64_t offset = 0;
   };
   struct ThreadCounts {
     std::array<std::atomic<Counts*>, page_count> pages{};
@@ -158,10 +170,11 @@ class AccessTable {
 // the launching thread's stack.
 class LaunchReferences {
  public:
-  explicit LaunchReferences(AccessTable& table);
+  // `function`: the kernel launched (null: every launch a pass of its own).
+  explicit LaunchReferences(AccessTable& table, const void* function = nullptr);
   // One parameter word: a reference if it is an address inside a pool range.
   void word(uint64_t value) {
-    if (AccessRecord* record = table_.find(value)) reference(*record);
+    if (AccessRecord* record = table_.find(value)) reference(*record, value);
   }
   // Counts the launch on the devices it referenced (GMEM_STAT_access_launches,
   // host_access_bytes, peer_access_bytes); `publisher` may be null.
@@ -170,9 +183,10 @@ class LaunchReferences {
   uint64_t ranges() const { return ranges_; }
 
  private:
-  void reference(AccessRecord& record);
+  void reference(AccessRecord& record, uint64_t address);
 
   const AccessTable& table_;
+  const void* const function_;
   AccessTable::ThreadCounts& counts_;
   uint32_t mark_;  // this launch's
   uint64_t ranges_ = 0;
@@ -182,12 +196,18 @@ class LaunchReferences {
 };
 
 // Only this thread writes its counts: a load and a store, no locked instruction.
-inline void LaunchReferences::reference(AccessRecord& record) {
+inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) {
   AccessTable::Counts& counts = counts_.at(record.id_);
   if (counts.mark == mark_) return;
   counts.mark = mark_;
   ++ranges_;
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  const uint64_t offset = address - record.base();
+  if (!function_ || counts.function != function_ || offset <= counts.offset) {
+    counts.passes.store(counts.passes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  counts.function = function_;
+  counts.offset = offset;
   const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
   if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
   const int device = record.device();

@@ -6,7 +6,7 @@
 
 namespace gmem::pool {
 
-CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
+CUresult Pieces::make(int device, std::size_t size, Where where, Piece** out) {
   Book& book = books_[device];
   vmm::Chunk memory;
   {
@@ -14,9 +14,9 @@ CUresult Pieces::make(int device, std::size_t size, bool spill, Piece** out) {
     // Past its budget the device may not grow; a spill is made by the tiers
     // (the device's last room, a peer, the host).
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
-    if (spill) {
+    if (where != Where::device) {
       Timer spill_timer(book.work.spill_ns);
-      status = tiers_->make(device, book.figures.reserved, size, &memory);
+      status = tiers_->make(device, book.figures.reserved, size, where == Where::spill, &memory);
       book.work.spill_refused += status != CUDA_SUCCESS;
     } else if (!tiers_ || tiers_->device_may_hold(device, book.figures.reserved, size)) {
       status = vmm::Chunk::create(driver_, device, size, &memory);

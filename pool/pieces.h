@@ -50,10 +50,12 @@ class Pieces {
   Pieces(const vmm::Driver& driver, Books& books, StreamOrder& order, Tiers* tiers)
       : driver_(driver), books_(books), order_(order), tiers_(tiers) {}
 
-  // A new chunk of `size` bytes for `device`, chosen; with `spill`, one the
-  // tiers make (the device's last room, a peer's or the host's, at most
-  // `size` bytes); without, only within the device's budget.
-  CUresult make(int device, std::size_t size, bool spill, Piece** out);
+  // Where a new chunk may come from: the device within its budget; the
+  // tiers (the device's last room, a peer's or the host's, at most the size
+  // asked); the tiers past the device (a peer's or the host's).
+  enum class Where { device, spill, off_device };
+  // A new chunk of `size` bytes for `device`, chosen.
+  CUresult make(int device, std::size_t size, Where where, Piece** out);
   // Held by `holder` from now on (its pending free settled).
   void hold(Piece& piece, Range* holder);
   // Out of the free ones, chosen for a range; its pending free stays until held.

@@ -66,7 +66,8 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   }
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
-  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet());
+  const Uses::Request use = uses_.request(a.device, a.size);
+  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
     const Split spilled = tiers_->split(block.base, block.size);
@@ -80,7 +81,9 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     a.peer_bytes = spilled.peer;
   }
   a.key = *dptr = block.base;
-  uses_.served(block.base, a.size);
+  if (use.kind && uses_.served(block.base, use, vmm_->figures(a.device).used, tiers_->spilled(a.device))) {
+    uses_.peak(a.device, vmm_->device_room(a.device));
+  }
   a.pooled = true;
   a.physical = block.physical;
   a.chunks = block.chunks;

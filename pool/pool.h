@@ -71,14 +71,16 @@ class Pool {
   // The VMM pool spills to peers and the host within `budgets`; with
   // `submissions` and a `move_after` above 0, what live allocations spilled
   // moves back once spills stop and the device has room (pool/mover.h).
-  // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h).
+  // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h);
+  // with `place_by_use` too, large allocations are placed by their use (pool/uses.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
-                bool track_access = false)
+                bool track_access = false, bool place_by_use = false)
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>() : nullptr),
+        uses_(access_.get(), place_by_use),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
         mover_(vmm_ && submissions && move_after.count() > 0
@@ -146,7 +148,7 @@ class Pool {
   Mover* mover() const { return mover_.get(); }
   // What launches reference, by pool range (null unless pool:vmm with track_access).
   AccessTable* access() const { return access_.get(); }
-  // Launches and host placement of the large allocations, by size (with track_access).
+  // Launches and placement of the large allocations (with track_access).
   const Uses& uses() const { return uses_; }
   const vmm::Driver& driver() const { return driver_; }
   // Each is told in the order added; the first to refuse a free stops it.
@@ -181,7 +183,7 @@ class Pool {
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<AccessTable> access_;  // before tiers_ and vmm_: they report to it until they go
-  Uses uses_{access_.get()};
+  Uses uses_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first

@@ -13,6 +13,12 @@ bool Range::spilled() const {
   return std::any_of(pieces.begin(), pieces.end(), [](const Piece* p) { return p->spilled; });
 }
 
+std::size_t Range::spilled_bytes() const {
+  std::size_t bytes = 0;
+  for (const Piece* p : pieces) bytes += p->spilled ? p->memory.size() : 0;
+  return bytes;
+}
+
 CUcontext Range::context() const {
   for (const Block& b : blocks) {
     if (b.size && b.context) return b.context;
@@ -113,12 +119,17 @@ bool Ranges::ready(const Range& range, StreamId stream) {
                      [&](Piece* p) { return !p->holder && order_.ready(p->pending, stream); });
 }
 
-Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, bool spilled_too) {
+Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off) {
+  auto placed = [&](const Range& r) {
+    if (off.most == SIZE_MAX && off.least == 0) return true;
+    const std::size_t spilled = r.spilled_bytes();
+    return spilled >= off.least && spilled <= off.most;
+  };
   CachedRanges& cached = cached_[device];
   auto best = cached.end();
   for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most; ++it) {
     if (best != cached.end() && it->first != best->first) break;
-    if ((best == cached.end() || it->second->id < best->second->id) && (spilled_too || !it->second->spilled()) &&
+    if ((best == cached.end() || it->second->id < best->second->id) && placed(*it->second) &&
         ready(*it->second, stream)) {
       best = it;
     }

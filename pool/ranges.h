@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
@@ -28,6 +29,13 @@ struct Block {
 
 using CachedRanges = std::multimap<std::size_t, Range*>;  // free whole ranges, by size
 
+// How many of a cached range's bytes may lie off the device for it to serve.
+struct OffDevice {
+  std::size_t least = 0, most = SIZE_MAX;
+  static constexpr OffDevice none() { return {0, 0}; }
+  static constexpr OffDevice any() { return {}; }
+};
+
 struct Range {
   vmm::Reservation va;
   std::vector<Piece*> pieces;
@@ -47,6 +55,8 @@ struct Range {
   CachedRanges::iterator cached_entry;  // whole ranges, while free
 
   bool spilled() const;
+  // Its bytes off the device (in chunks the tiers made).
+  std::size_t spilled_bytes() const;
   // The context of its live allocations; null if none.
   CUcontext context() const;
   // The block that holds `ptr`, and whether a live allocation starts at `ptr`.
@@ -75,10 +85,10 @@ class Ranges {
   // A free whole range joins the cache.
   void cache(Range& range);
   // Of the cached ranges of `device` from `rounded` to `most` bytes whose
-  // chunks are all free and reusable on `stream` (with spilled chunks only
-  // if `spilled_too`), the oldest of the smallest size, taken out of the
+  // chunks are all free and reusable on `stream` and whose spilled bytes
+  // are within `off`, the oldest of the smallest size, taken out of the
   // cache with its chunks held; null if none.
-  Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, bool spilled_too);
+  Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off);
   bool ready(const Range& range, StreamId stream);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the

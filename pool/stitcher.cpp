@@ -34,7 +34,8 @@ bool Stitcher::device_full(int device, std::size_t size) {
 }
 
 void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
-                         bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered) {
+                         Tier tier, std::vector<Piece*>* parts, std::size_t* covered) {
+  const bool spilled_too = tier != Tier::device;
   FreePieces& free = pieces_.free(device);
   // What a stitched range may hold beyond its request: a 32nd of it.
   const std::size_t slack = size / 32;
@@ -44,7 +45,7 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     }
     return nullptr;
   };
-  auto of_kind = [&](const Piece& p) { return spilled_too || !p.spilled; };
+  auto of_kind = [&](const Piece& p) { return tier == Tier::any || p.spilled == (tier == Tier::spilled); };
   auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream); };
   auto spilled_ready = [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); };
   std::size_t on_device = device_parts(*parts);
@@ -67,7 +68,7 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     if (!piece && (spilled_too || on_device + 1 < most_parts)) {
       piece = first(std::make_reverse_iterator(fits), free.rend(), smaller);
     }
-    bool split = !piece && !may_grow;
+    bool split = !piece && !may_grow && tier != Tier::spilled;
     // A device chunk is made again only once nothing may use it or the ranges
     // it is mapped in: rather than grow beyond the headroom, the pool waits for that.
     auto splittable = [&](Piece& p, bool wait) { return !p.spilled && ranges_.droppable(p, wait); };
@@ -86,8 +87,8 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     if (split) {
       ranges_.drop(*piece);
       Piece *part = nullptr, *rest = nullptr;
-      if (pieces_.make(device, need, false, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
-      if (pieces_.make(device, bytes - part->memory.size(), false, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
+      if (pieces_.make(device, need, Pieces::Where::device, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+      if (pieces_.make(device, bytes - part->memory.size(), Pieces::Where::device, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
       piece = part;
     }
     *covered += piece->memory.size();
@@ -98,22 +99,22 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
 
 CUresult Stitcher::add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered) {
   Piece* fresh = nullptr;
-  CUresult status = pieces_.make(device, size - *covered, false, &fresh);
+  CUresult status = pieces_.make(device, size - *covered, Pieces::Where::device, &fresh);
   if (status == CUDA_ERROR_OUT_OF_MEMORY) {
     // The device is full: every free the pool waits on completes, and all it
     // holds may serve, its own memory first.
     books_[device].full = true;
     books_.publish(device, GMEM_STAT_oom_releases, 1);
     reclaim_(device);
-    take_free(device, size, 0, false, SIZE_MAX, false, parts, covered);
-    status = *covered < size ? pieces_.make(device, size - *covered, false, &fresh) : CUDA_SUCCESS;
+    take_free(device, size, 0, false, SIZE_MAX, Tier::device, parts, covered);
+    status = *covered < size ? pieces_.make(device, size - *covered, Pieces::Where::device, &fresh) : CUDA_SUCCESS;
     if (status == CUDA_ERROR_OUT_OF_MEMORY) {
-      take_free(device, size, 0, false, SIZE_MAX, true, parts, covered);
+      take_free(device, size, 0, false, SIZE_MAX, Tier::any, parts, covered);
       status = *covered < size ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     }
   }
   // What the device cannot hold, peers and then the host may, a chunk per tier.
-  while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ && pieces_.make(device, size - *covered, true, &fresh) == 0) {
+  while (status == CUDA_ERROR_OUT_OF_MEMORY && tiers_ && pieces_.make(device, size - *covered, Pieces::Where::spill, &fresh) == 0) {
     *covered += fresh->memory.size();
     parts->push_back(fresh);
     fresh = nullptr;
@@ -142,21 +143,34 @@ CUresult Stitcher::merge(int device, std::vector<Piece*>* parts) {
   for (Piece* p : merged) bytes += p->memory.size();
   for (Piece* p : merged) ranges_.drop(*p);
   Piece* whole = nullptr;
-  if (CUresult made = pieces_.make(device, bytes, false, &whole)) return made;
+  if (CUresult made = pieces_.make(device, bytes, Pieces::Where::device, &whole)) return made;
   parts->push_back(whole);
   return CUDA_SUCCESS;
 }
 
-CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, Range** out) {
+void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std::vector<Piece*>* parts,
+                              std::size_t* covered) {
+  take_free(device, size, stream, false, SIZE_MAX, Tier::spilled, parts, covered);
+  Piece* fresh = nullptr;
+  while (*covered < size && pieces_.make(device, size - *covered, Pieces::Where::off_device, &fresh) == CUDA_SUCCESS) {
+    *covered += fresh->memory.size();
+    parts->push_back(fresh);
+  }
+}
+
+CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, std::size_t off_device, Range** out) {
   const bool grow = may_grow(books_[device], size);
+  const std::size_t most = grow ? max_parts : most_parts;
   std::vector<Piece*> parts;
   std::size_t covered = 0;
   // While the pool may grow, new memory rather than more mappings; beyond,
   // as many free chunks as it takes.
-  take_free(device, size, stream, grow, grow ? max_parts : most_parts, false, &parts, &covered);
+  take_free(device, size - off_device, stream, grow, most, Tier::device, &parts, &covered);
+  if (off_device) add_off_device(device, std::min(size, covered + off_device), stream, &parts, &covered);
+  if (off_device && covered < size) take_free(device, size, stream, grow, most, Tier::device, &parts, &covered);
   // A full device has no new memory to give: spilled chunks the pool holds first.
   if (covered < size && device_full(device, size - covered)) {
-    take_free(device, size, stream, false, grow ? max_parts : most_parts, true, &parts, &covered);
+    take_free(device, size, stream, false, most, Tier::any, &parts, &covered);
   }
   CUresult status = covered < size ? add_new(device, size, &parts, &covered) : CUDA_SUCCESS;
   if (status == CUDA_SUCCESS && device_parts(parts) > most_parts) status = merge(device, &parts);

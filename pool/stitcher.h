@@ -38,8 +38,11 @@ class Stitcher {
         reclaim_(std::move(reclaim)) {}
 
   // A new range of at least `size` bytes on `device`, stitched from free
-  // chunks reusable on `stream` and new memory; its chunks are held.
-  CUresult stitch(std::size_t size, int device, StreamId stream, Range** out);
+  // chunks reusable on `stream` and new memory; its chunks are held. With
+  // `off_device`, that many of its bytes come from spilled free chunks and
+  // new peer and host memory first (as far as the tiers have room), the rest
+  // from the device as usual.
+  CUresult stitch(std::size_t size, int device, StreamId stream, std::size_t off_device, Range** out);
   // Whether the pool may take `size` more bytes of new memory rather than
   // take cached memory apart: it holds at most its peak use and the headroom.
   bool may_grow(const Book& book, std::size_t size) const;
@@ -49,12 +52,18 @@ class Stitcher {
  private:
   static constexpr int64_t full_recheck_ns = 10'000'000;
 
-  // Moves free chunks reusable on `stream` into `parts` (at most `most_parts`)
-  // until they cover `size` or none serves; a chunk far too big is made again
-  // at the size needed unless `may_grow` (new memory may then serve instead).
-  // Spilled chunks only with `spilled_too`.
-  void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts,
-                 bool spilled_too, std::vector<Piece*>* parts, std::size_t* covered);
+  // Which free chunks take_free may take: the device's own, spilled ones, or both.
+  enum class Tier { device, spilled, any };
+  // Moves free chunks of `tier` reusable on `stream` into `parts` (at most
+  // `most_parts` on the device) until they cover `size` or none serves; a
+  // device chunk far too big is made again at the size needed unless
+  // `may_grow` (new memory may then serve instead).
+  void take_free(int device, std::size_t size, StreamId stream, bool may_grow, std::size_t most_parts, Tier tier,
+                 std::vector<Piece*>* parts, std::size_t* covered);
+  // Spilled free chunks, then new peer and host memory, until `size` is covered
+  // or the tiers have no more room.
+  void add_off_device(int device, std::size_t size, StreamId stream, std::vector<Piece*>* parts,
+                      std::size_t* covered);
   // New memory for what the free chunks did not cover, down to the host.
   CUresult add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered);
   // Too many device chunks for one range: the smallest that nothing may use

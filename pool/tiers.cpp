@@ -249,7 +249,7 @@ std::size_t Tiers::device_free(int device, std::size_t pool_bytes) {
   return device_free_locked(device, pool_bytes);
 }
 
-CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out) {
+CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool device_too, vmm::Chunk* out) {
   std::unique_lock lock(mutex_);
   DeviceInfo& d = info(device);
   const std::size_t granularity = d.granularity;
@@ -258,7 +258,7 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, vmm::
   // for all of it at once, which the driver refused. Not all the memory the
   // driver calls free can be had in one chunk (an H100 with 65 GB free refused
   // a 65 GB chunk): halves are tried, and the rest of `want` asks again.
-  if (std::size_t size = std::min(want, round_down(device_free_locked(device, pool_bytes), granularity))) {
+  if (std::size_t size = device_too ? std::min(want, round_down(device_free_locked(device, pool_bytes), granularity)) : 0) {
     lock.unlock();
     for (; size >= granularity; size = round_down(size / 2, granularity)) {
       if (vmm::Chunk::create(driver_, device, size, out) == CUDA_SUCCESS) return CUDA_SUCCESS;

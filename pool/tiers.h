@@ -52,9 +52,10 @@ class Tiers final : public vmm::ChunkObserver {
   // the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with
   // room, else on the host (a host_chunk; up to a unit larger than a small
-  // `want`); smaller than `want` where a tier has less room.
+  // `want`); smaller than `want` where a tier has less room. Without
+  // `device_too`, a peer's or the host's only.
   // CUDA_ERROR_OUT_OF_MEMORY when no tier has any.
-  CUresult make(int device, std::size_t pool_bytes, std::size_t want, vmm::Chunk* out);
+  CUresult make(int device, std::size_t pool_bytes, std::size_t want, bool device_too, vmm::Chunk* out);
 
   // The size of the host chunk made for `want` bytes of `device`: the unit
   // (host_chunk, at most a 16th of the host budget, in the granularity), or

@@ -1,5 +1,5 @@
-// Launches and host placement of the job's large allocations, by size, from
-// the access table's per-range counts (pool/uses.h).
+// Launches and host placement of the job's large allocations, by kind, and
+// the shares placed off the device by use (pool/uses.h).
 #include "pool/uses.h"
 
 #include <algorithm>
@@ -9,40 +9,132 @@
 
 namespace gmem::pool {
 
+namespace {
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
 AccessRecord* Uses::record(CUdeviceptr base, std::size_t size) const {
   if (!table_ || size < min_size) return nullptr;
   AccessRecord* r = table_->find(base);
   return r && r->base() == base ? r : nullptr;
 }
 
-void Uses::served(CUdeviceptr base, std::size_t size) {
-  if (AccessRecord* r = record(base, size)) r->reset();
+Uses::Request Uses::request(int device, std::size_t size) {
+  if (!table_ || size < min_size) return {};
+  std::lock_guard lock(mutex_);
+  Device& d = devices_[device];
+  const uint64_t kind = mix(mix(mix(mix(uint64_t(device) + 1) ^ size) ^ d.recent[0]) ^ d.recent[1]) | 1;
+  d.recent[1] = d.recent[0];
+  d.recent[0] = size;
+  Kind& k = kinds_[kind];
+  k.device = device;
+  k.size = size;
+  if (d.replan) plan(device);
+  return {kind, device, place_ ? std::size_t(k.off_device * double(size)) : 0};
+}
+
+bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling) {
+  AccessRecord* r = request.kind ? table_->find(base) : nullptr;
+  if (!r || r->base() != base) return false;  // not a range of its own: not followed
+  r->reset();
+  std::lock_guard lock(mutex_);
+  live_[base] = {request.kind, request.device};
+  ++kinds_[request.kind].live;
+  Device& d = devices_[request.device];
+  if (!place_ || !spilling || used < d.peak_used) return false;
+  d.peak_used = used;
+  return true;
+}
+
+void Uses::peak(int device, std::size_t room) {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, k] : kinds_) {
+    if (k.device == device) k.at_peak = k.live;
+  }
+  std::size_t off = 0;
+  for (const auto& [base, l] : live_) {
+    const AccessRecord* r = l.device == device ? table_->find(base) : nullptr;
+    if (r && r->base() == base) off += r->host_bytes() + r->peer_bytes();
+  }
+  Device& d = devices_[device];
+  d.lacked = off > room ? off - room : 0;
+  d.replan = true;
+}
+
+void Uses::plan(int device) {
+  std::vector<Kind*> alive;
+  for (auto& [id, k] : kinds_) {
+    if (k.device != device) continue;
+    k.off_device = 0;
+    if (k.at_peak && k.figures.allocations) alive.push_back(&k);
+  }
+  auto passes = [](const Kind* k) { return double(k->figures.passes) / double(k->figures.allocations); };
+  std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) {
+    return std::pair(passes(a), b->size) < std::pair(passes(b), a->size);
+  });
+  Device& d = devices_[device];
+  std::size_t lacked = d.lacked;
+  for (Kind* k : alive) {
+    if (!lacked) break;
+    const std::size_t bytes = std::size_t(k->at_peak) * k->size;
+    k->off_device = lacked >= bytes ? 1.0 : double(lacked) / double(bytes);
+    lacked -= std::min(lacked, bytes);
+  }
+  d.replan = false;
 }
 
 void Uses::freed(CUdeviceptr base, std::size_t size) {
   AccessRecord* r = record(base, size);
-  if (!r) return;
-  const AccessRecord::Figures f = r->take();
-  const std::size_t host = std::min(r->host_bytes(), size);
+  const AccessRecord::Figures f = r ? r->take() : AccessRecord::Figures{};
+  const std::size_t host = r ? std::min(r->host_bytes(), size) : 0;
   std::lock_guard lock(mutex_);
-  Figures& u = by_size_[size];
-  ++u.allocations;
-  u.launches += f.launches;
-  u.host_bytes += host;
+  auto it = live_.find(base);
+  if (it == live_.end()) return;
+  Kind& k = kinds_[it->second.kind];
+  --k.live;
+  ++k.figures.allocations;
+  k.figures.launches += f.launches;
+  k.figures.passes += f.passes;
+  k.figures.host_bytes += host;
+  devices_[it->second.device].replan = true;
+  live_.erase(it);
+}
+
+double Uses::share_off_device(uint64_t kind) const {
+  std::lock_guard lock(mutex_);
+  auto it = kinds_.find(kind);
+  return it == kinds_.end() ? 0 : it->second.off_device;
+}
+
+std::map<std::size_t, Uses::Figures> Uses::by_size() const {
+  std::map<std::size_t, Figures> sizes;
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, k] : kinds_) {
+    if (!k.figures.allocations) continue;
+    Figures& u = sizes[k.size];
+    u.allocations += k.figures.allocations;
+    u.launches += k.figures.launches;
+    u.passes += k.figures.passes;
+    u.host_bytes += k.figures.host_bytes;
+  }
+  return sizes;
 }
 
 Uses::Figures Uses::of(std::size_t size) const {
-  std::lock_guard lock(mutex_);
-  auto it = by_size_.find(size);
-  return it == by_size_.end() ? Figures{} : it->second;
+  const std::map<std::size_t, Figures> sizes = by_size();
+  auto it = sizes.find(size);
+  return it == sizes.end() ? Figures{} : it->second;
 }
 
 std::string Uses::report(std::size_t most) const {
-  std::vector<std::pair<std::size_t, Figures>> sizes;
-  {
-    std::lock_guard lock(mutex_);
-    sizes.assign(by_size_.begin(), by_size_.end());
-  }
+  const std::map<std::size_t, Figures> all = by_size();
+  std::vector<std::pair<std::size_t, Figures>> sizes(all.begin(), all.end());
   std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
     return std::pair(a.second.host_bytes, a.first * a.second.allocations) >
            std::pair(b.second.host_bytes, b.first * b.second.allocations);
@@ -52,9 +144,38 @@ std::string Uses::report(std::size_t most) const {
   for (const auto& [size, u] : sizes) {
     char buf[256];
     snprintf(buf, sizeof buf,
-             "gmem: report use size=%zu allocs=%" PRIu64 " launches_per_alloc=%.1f host_share=%.2f\n", size,
-             u.allocations, double(u.launches) / double(u.allocations),
+             "gmem: report use size=%zu allocs=%" PRIu64 " launches_per_alloc=%.1f passes_per_alloc=%.1f host_share=%.2f\n",
+             size, u.allocations, double(u.launches) / double(u.allocations), double(u.passes) / double(u.allocations),
              double(u.host_bytes) / (double(size) * double(u.allocations)));
+    out += buf;
+  }
+  if (place_) out += report_plan(most);
+  return out;
+}
+
+std::string Uses::report_plan(std::size_t most) const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  char buf[256];
+  for (const auto& [device, d] : devices_) {
+    snprintf(buf, sizeof buf, "gmem: report place device=%d peak_used=%zu lacked=%zu\n", device, d.peak_used,
+             d.lacked);
+    out += buf;
+  }
+  std::vector<const Kind*> alive;
+  for (const auto& [id, k] : kinds_) {
+    if (k.at_peak) alive.push_back(&k);
+  }
+  auto bytes = [](const Kind* k) { return k->size * k->at_peak; };
+  std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) { return bytes(a) > bytes(b); });
+  alive.resize(std::min(alive.size(), most));
+  for (const Kind* k : alive) {
+    snprintf(buf, sizeof buf,
+             "gmem: report place size=%zu at_peak=%u allocs=%" PRIu64 " passes_per_alloc=%.1f off_device=%.2f "
+             "host_share=%.2f\n",
+             k->size, k->at_peak, k->figures.allocations,
+             double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)), k->off_device,
+             double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))));
     out += buf;
   }
   return out;

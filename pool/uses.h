@@ -1,8 +1,20 @@
-// What the job does with its large allocations, by requested size: how many
-// launches referenced each while it lived (pool/access.h) and how much of it
-// lay in pinned host memory. Training steps repeat their requests, so a size
-// names the same tensor from step to step; these figures are what placing
-// memory by use would go on. report:1 prints them at exit.
+// What the job does with its large allocations, and where they go by use.
+//
+// Each large request is known by its size and the sizes of the two large
+// requests before it on its device: training steps repeat their requests, so
+// such a kind names the same tensors from step to step. Per kind: how many
+// launches referenced each of its allocations while it lived (pool/access.h),
+// how much of it lay in pinned host memory, and how many were alive when the
+// pool's use on the device last reached its peak.
+//
+// Placing by use (place_by_use): once a device spills, the bytes the device
+// lacked at the peak (the spilled bytes of the large allocations alive then,
+// less what the device still had room for) go to the kinds alive at the peak
+// with the fewest passes over each allocation (pool/access.h), as a share of each of their
+// allocations' bytes, placed off the device when requested. Hot temporaries
+// (not alive at the peak, or many passes) keep the device. A wrong guess
+// costs speed only: memory off the device stays mapped. report:1 prints the
+// figures by size at exit.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "pool/access.h"
 
@@ -21,32 +34,77 @@ class Uses {
   // small ranges, shared with others).
   static constexpr std::size_t min_size = std::size_t{64} << 20;
 
-  explicit Uses(AccessTable* table) : table_(table) {}
+  // Without `place`, figures only (every request wants the device first).
+  explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
     uint64_t launches = 0;     // that referenced them, over their lives
+    uint64_t passes = 0;       // over them (AccessRecord::Figures::passes)
     uint64_t host_bytes = 0;   // theirs in pinned host memory when freed
     bool operator==(const Figures&) const = default;
   };
 
-  // The allocation at `base` was served: its range's counts start over.
-  void served(CUdeviceptr base, std::size_t size);
-  // The allocation at `base` is about to be freed: its counts join its size's.
+  // A request before it is served: its kind, and the bytes of it to place
+  // off the device (0: the device first).
+  struct Request {
+    uint64_t kind = 0;  // 0: not followed
+    int device = -1;
+    std::size_t off_device = 0;
+  };
+  Request request(int device, std::size_t size);
+  // `request` was served at `base` (followed if a range starts there); the
+  // pool's use on its device is now `used`. True if that is its peak so far
+  // while the device spills: the pool then tells peak() what room the device has.
+  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling);
+  // At the peak: the device could still have given `room` bytes (driver and
+  // pool free): the kinds alive now, and the bytes the device lacked.
+  void peak(int device, std::size_t room);
+  // The allocation at `base` is about to be freed: its counts join its kind's.
   void freed(CUdeviceptr base, std::size_t size);
+
   // The figures of one size (zero if never freed).
   Figures of(std::size_t size) const;
+  // The share of a request of `kind` placed off the device now.
+  double share_off_device(uint64_t kind) const;
   // "gmem: report use ..." lines: the `most` sizes with the most bytes freed
-  // in host memory, then by bytes freed.
+  // in host memory, then by bytes freed; with place_by_use, then "gmem:
+  // report place ..." lines: per device what it lacked at its last peak, and
+  // the `most` kinds with the most bytes alive then.
   std::string report(std::size_t most = 12) const;
 
  private:
+  struct Kind {
+    int device = -1;
+    std::size_t size = 0;
+    Figures figures;
+    uint32_t live = 0, at_peak = 0;
+    double off_device = 0;  // the share of each allocation placed off the device
+  };
+  struct Live {
+    uint64_t kind;
+    int device;
+  };
+  struct Device {
+    std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
+    std::size_t peak_used = 0;
+    std::size_t lacked = 0;  // at the last peak
+    bool replan = false;
+  };
+
+  std::map<std::size_t, Figures> by_size() const;
+  std::string report_plan(std::size_t most) const;
   // The record of the range that starts at `base`, or null.
   AccessRecord* record(CUdeviceptr base, std::size_t size) const;
+  // The shares off the device of `device`'s kinds; under mutex_.
+  void plan(int device);
 
   AccessTable* const table_;
+  const bool place_;
   mutable std::mutex mutex_;
-  std::map<std::size_t, Figures> by_size_;
+  std::unordered_map<uint64_t, Kind> kinds_;
+  std::unordered_map<CUdeviceptr, Live> live_;
+  std::map<int, Device> devices_;
 };
 
 }  // namespace gmem::pool

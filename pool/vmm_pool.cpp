@@ -56,7 +56,7 @@ void VmmPool::complete_pending_frees() {
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
-                        bool quiet) {
+                        bool quiet, std::size_t off_device) {
   if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
   order_.set_quiet(quiet);
@@ -76,12 +76,14 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     if (slabs_.take(class_size, device, stream, &range, &index)) {
       ++b.work.hits;
     } else {
-      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, &range);
+      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, &range);
       if (status == CUDA_SUCCESS) slabs_.add(*range, class_size);
     }
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
-    status = take_range(round_up(size, b.granularity), device, stream, &range);
+    const std::size_t rounded = round_up(size, b.granularity);
+    off_device = tiers_ ? std::min(round_up(off_device, b.granularity), rounded) : 0;
+    status = take_range(rounded, device, stream, off_device, &range);
     if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->pieces.size())};
     if (range) range->live = 1;
   }
@@ -98,7 +100,20 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   return CUDA_SUCCESS;
 }
 
-CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, Range** range) {
+std::size_t VmmPool::free_device_bytes(int device) {
+  std::size_t bytes = 0;
+  for (const auto& [key, piece] : pieces_.free(device)) bytes += piece->spilled ? 0 : key.first;
+  return bytes;
+}
+
+std::size_t VmmPool::device_room(int device) {
+  std::lock_guard lock(mutex_);
+  const std::size_t own = free_device_bytes(device);
+  return own + (tiers_ ? tiers_->device_free(device, books_[device].figures.reserved) : 0);
+}
+
+CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device,
+                             Range** range) {
   Book& b = books_[device];
   // A cached range this stream may use that fits with at most 1/16 (or one
   // granule) to spare. Of the smallest size there is, the oldest range.
@@ -108,28 +123,31 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, R
   // precedes changed).
   const std::size_t most = rounded + std::max(b.granularity, rounded / 16);
   const bool spills = tiers_ && tiers_->spilled(device);
-  Range* r = ranges_.take_cached(device, rounded, most, stream, !spills);
+  // A request placed partly off the device takes a range placed about so:
+  // at least 3/4 of that off the device, at most what a new range would
+  // have (host chunks round up: at most one more chunk) and a 16th of it.
+  const OffDevice off =
+      off_device ? OffDevice{off_device - off_device / 4,
+                             off_device + std::min(off_device, tiers_->host_chunk(device, off_device)) + rounded / 16}
+      : spills   ? OffDevice::none()
+                 : OffDevice::any();
+  Range* r = ranges_.take_cached(device, rounded, most, stream, off);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
   // (once their frees have completed), and may serve.
   if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, true)) {
-    r = ranges_.take_cached(device, rounded, most, stream, !spills);
+    r = ranges_.take_cached(device, rounded, most, stream, off);
   }
   // Spilled ranges serve while the device is full and the pool's own free
   // device chunks cannot make the range either (a program that just gave its
   // cache back, as PyTorch does on out of memory, gets device memory).
-  auto device_chunks_free = [&] {
-    std::size_t bytes = 0;
-    for (const auto& [key, piece] : pieces_.free(device)) bytes += piece->spilled ? 0 : key.first;
-    return bytes;
-  };
-  if (!r && spills && stitcher_.device_full(device, rounded) && device_chunks_free() < rounded) {
-    r = ranges_.take_cached(device, rounded, most, stream, true);
+  if (!r && !off_device && spills && stitcher_.device_full(device, rounded) && free_device_bytes(device) < rounded) {
+    r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any());
   }
   if (r) {
     ++b.work.hits;
   } else {
     ++b.work.misses;
-    if (CUresult status = stitcher_.stitch(rounded, device, stream, &r)) return status;
+    if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
     r->blocks.resize(1);
   }
   r->last_use = ++clock_;

@@ -44,7 +44,10 @@ class VmmPool {
   // `stream`: the identity of the stream the memory is first used on (0: any).
   // `quiet`: a stream capture is under way, which a query of an event or a
   // wait for the device could disturb; only memory known free is reused.
-  CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet);
+  // `off_device`: the bytes of a whole-range request to place off the device
+  // (pool/uses.h), in a peer's or the host's memory, as far as they have room.
+  CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet,
+                 std::size_t off_device = 0);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
   // `captured`: the free is part of a graph capture, so it happens whenever the
@@ -55,6 +58,9 @@ class VmmPool {
   std::optional<Block> find(CUdeviceptr ptr) const;
   // Memory the pool holds but no allocation uses, on `device`.
   std::size_t cached_bytes(int device) const;
+  // The device memory `device` (its context current) could still give a
+  // request: the pool's free device chunks and what the driver has free.
+  std::size_t device_room(int device);
   using Figures = pool::Figures;
   Figures figures(int device) const;
   using Work = pool::Work;
@@ -149,8 +155,11 @@ class VmmPool {
   // and reusable on `stream`, or a new one.
   // Spilled memory serves last: a cached range with spilled chunks only while
   // the device is full, and a new range takes the device's free chunks and
-  // new device memory before spilled free chunks and new spills.
-  CUresult take_range(std::size_t rounded, int device, StreamId stream, Range** range);
+  // new device memory before spilled free chunks and new spills. With
+  // `off_device`, a cached range with about that many spilled bytes, else a
+  // new one with them.
+  CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, Range** range);
+  std::size_t free_device_bytes(int device);  // in free chunks
   // The live block `index` of `range` is free once `pending` completes.
   void release(Range& range, std::size_t index, const Pending& pending);
   // Calls `visit` on every free's Pending: free chunks, cached ranges, free slab blocks.

@@ -105,7 +105,7 @@ CUresult VmmPool::make_private(CUdeviceptr base, bool copy) {
   // Memory as any request gets it, mapped aside so that the content can be
   // copied before the allocation's range changes.
   Range* staging = nullptr;
-  CUresult status = stitcher_.stitch(size, device, 0, &staging);
+  CUresult status = stitcher_.stitch(size, device, 0, 0, &staging);
   if (status != CUDA_SUCCESS) {
     publish_free_figures(device);
     return status;

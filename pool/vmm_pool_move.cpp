@@ -80,7 +80,7 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     }
     Piece* fresh = nullptr;
     if (tiers_->device_free(device, b.figures.reserved) < size ||
-        pieces_.make(device, size, false, &fresh) != CUDA_SUCCESS) {
+        pieces_.make(device, size, Pieces::Where::device, &fresh) != CUDA_SUCCESS) {
       continue;
     }
     Range& holder = *p->holder;

@@ -4,7 +4,8 @@
 // beside an 8 MiB one lies partly in pinned host memory.
 // meson runs it with GMEM_CONF pool:vmm,device_budget:16M,peer_budget:0,
 // host_budget:48M,host_prepare:0,device_reserve:0,migrate_after_ms:0 (Track.*),
-// and the same with track_access:0 (Untracked.*).
+// and the same with track_access:0 (Untracked.*); Place.* with its own
+// (tests/meson.build).
 #include <cuda.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -75,6 +76,22 @@ class Access : public ::testing::Test {
 
 using Track = Access;
 using Untracked = Access;
+
+// Without the fixture's two allocations.
+class Place : public Access {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleLoadData(&module_, ptx), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    EXPECT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
+    EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  }
+};
 
 // Two addresses in the spilled range count it once; the device range adds a
 // launch's reference but no host bytes.
@@ -200,6 +217,40 @@ TEST_F(Untracked, LaunchesAreNotLookedAt) {
   ASSERT_EQ(launch_two(spilled_, spilled_, spilled_), CUDA_SUCCESS);
   EXPECT_EQ(figures().launches, 0u);
   EXPECT_EQ(figures().host, 0u);
+}
+
+// Placing by use (pool/uses.h), with a 256 MiB device budget and 64 MiB host
+// chunks. Each step, A (128 MiB, one launch) and then B (192 MiB, five)
+// are alive together: 64 MiB do not fit on the device. The first steps place
+// in the order requested (B's tail spills); once the pool has seen a step
+// whose requests repeat, the kernels' least used allocation, A, takes the
+// spill instead, and B, the hot one, lies on the device.
+TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
+  struct Step {
+    std::size_t a_host, b_host;
+  };
+  auto step = [&] {
+    CUdeviceptr a = 0, b = 0;
+    EXPECT_EQ(cuMemAlloc_v2(&a, 128 * mib), CUDA_SUCCESS);
+    EXPECT_EQ(launch_two(a, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemAlloc_v2(&b, 192 * mib), CUDA_SUCCESS);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+    OwnStats stats;
+    const Step placed{stats.placement(a).host_bytes, stats.placement(b).host_bytes};
+    EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+    return placed;
+  };
+  for (int i = 0; i < 2; ++i) {
+    const Step s = step();
+    EXPECT_EQ(s.a_host, 0u) << "step " << i;
+    EXPECT_EQ(s.b_host, 64 * mib) << "step " << i;
+  }
+  for (int i = 2; i < 4; ++i) {
+    const Step s = step();
+    EXPECT_EQ(s.a_host, 64 * mib) << "step " << i;
+    EXPECT_EQ(s.b_host, 0u) << "step " << i;
+  }
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Parts : ::testing::Test {
 
   Piece* make(std::size_t size) {
     Piece* p = nullptr;
-    EXPECT_EQ(pieces.make(0, size, false, &p), CUDA_SUCCESS);
+    EXPECT_EQ(pieces.make(0, size, Pieces::Where::device, &p), CUDA_SUCCESS);
     return p;
   }
   Piece* make_free(std::size_t size) {
@@ -94,7 +94,7 @@ TEST_F(Parts, PiecesAreCachedBySizeThenAgeAndCounted) {
 
 TEST_F(Parts, PiecesBeyondTheDevicesMemoryAreRefused) {
   Piece* p = nullptr;
-  EXPECT_EQ(pieces.make(0, 128 * MiB, false, &p), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(pieces.make(0, 128 * MiB, Pieces::Where::device, &p), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(books[0].figures.reserved, 0u);
 }
 
@@ -124,14 +124,14 @@ TEST_F(Parts, CachedRangesServeTheSmallestSizeOldestFirstAndOnlyWithAllPiecesFre
   Range* large = cached(8 * MiB);
   Range* old = cached(4 * MiB);
   Range* young = cached(4 * MiB);
-  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 2 * MiB, 0, true), nullptr);  // none fits within `most`
-  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, true), old);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 2 * MiB, 0, OffDevice::any()), nullptr);  // none fits within `most`
+  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, OffDevice::any()), old);
   EXPECT_EQ(old->pieces[0]->holder, old);
   // A range whose chunk another range holds does not serve.
   Range* over = nullptr;
   pieces.choose(*young->pieces[0]);
   ASSERT_EQ(ranges.map({young->pieces[0]}, 0, &over), CUDA_SUCCESS);
-  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, true), large);
+  EXPECT_EQ(ranges.take_cached(0, 4 * MiB, 8 * MiB, 0, OffDevice::any()), large);
 }
 
 TEST_F(Parts, APieceIsMappedInAtMost32RangesAndDroppingItUnmapsThemAll) {
@@ -148,7 +148,7 @@ TEST_F(Parts, APieceIsMappedInAtMost32RangesAndDroppingItUnmapsThemAll) {
   ranges.drop(*p);
   EXPECT_EQ(accounting::accounts.unmaps, 40u);
   EXPECT_EQ(accounting::accounts.chunks.size(), 0u);
-  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, true), nullptr);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, OffDevice::any()), nullptr);
 }
 
 TEST_F(Parts, SlabSizeClassesWasteAtMostAFifth) {
@@ -186,7 +186,7 @@ TEST_F(Parts, SlabsHandOutLowAddressesFirstAndEmptySlabsBecomeCachedRanges) {
   EXPECT_EQ(slabs.largest_free(0), 0u);
   EXPECT_EQ(pieces.largest_free(0), 2 * MiB);
   EXPECT_EQ(books[0].cached_bytes, 2 * MiB);
-  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, false), slab);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, OffDevice::none()), slab);
 }
 
 TEST_F(Parts, StitcherJoinsFreePiecesBeforeMakingMemory) {
@@ -194,10 +194,10 @@ TEST_F(Parts, StitcherJoinsFreePiecesBeforeMakingMemory) {
   make_free(4 * MiB);
   make_free(2 * MiB);
   Range* r = nullptr;
-  ASSERT_EQ(stitcher.stitch(6 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  ASSERT_EQ(stitcher.stitch(6 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
   EXPECT_EQ(r->pieces.size(), 2u);
   EXPECT_EQ(accounting::accounts.creates, 2u);  // nothing new
-  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
   EXPECT_EQ(accounting::accounts.creates, 3u);
   EXPECT_EQ(r->pieces.size(), 1u);
 }
@@ -206,7 +206,7 @@ TEST_F(Parts, StitcherMakesAFarTooBigPieceAgainRatherThanGrowBeyondItsPeak) {
   make_free(32 * MiB);
   books[0].peak_used = 32 * MiB;  // holding 32 MiB: no room to grow
   Range* r = nullptr;
-  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
   EXPECT_EQ(r->va.size(), 4 * MiB);
   EXPECT_EQ(books[0].figures.reserved, 32 * MiB);
   EXPECT_EQ(pieces.largest_free(0), 28 * MiB);
@@ -216,9 +216,9 @@ TEST_F(Parts, StitcherMakesAFarTooBigPieceAgainRatherThanGrowBeyondItsPeak) {
 TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
   books[0].peak_used = 64 * MiB;
   Range* r = nullptr;
-  ASSERT_EQ(stitcher.stitch(48 * MiB, 0, 0, &r), CUDA_SUCCESS);
+  ASSERT_EQ(stitcher.stitch(48 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
   EXPECT_EQ(reclaims, 0);
-  EXPECT_EQ(stitcher.stitch(32 * MiB, 0, 0, &r), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(stitcher.stitch(32 * MiB, 0, 0, 0, &r), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(reclaims, 1);
   EXPECT_TRUE(books[0].full);
   EXPECT_EQ(books[0].figures.reserved, 48 * MiB);

@@ -77,10 +77,10 @@ TEST(LaunchReferences, CountsEachRangeOncePerLaunchWithItsOffDeviceBytes) {
     refs.finish(nullptr);
     EXPECT_EQ(refs.ranges(), 2u);
   }
-  EXPECT_EQ(spilled->figures(), (AccessRecord::Figures{3, 3 * 6 * mib}));
-  EXPECT_EQ(device->figures(), (AccessRecord::Figures{3, 0}));
+  EXPECT_EQ(spilled->figures(), (AccessRecord::Figures{3, 3 * 6 * mib, 3}));
+  EXPECT_EQ(device->figures(), (AccessRecord::Figures{3, 0, 3}));
   // The pool reads and resets a range's figures at once.
-  EXPECT_EQ(spilled->take(), (AccessRecord::Figures{3, 3 * 6 * mib}));
+  EXPECT_EQ(spilled->take(), (AccessRecord::Figures{3, 3 * 6 * mib, 3}));
   EXPECT_EQ(spilled->figures(), AccessRecord::Figures{});
   device->reset();
   EXPECT_EQ(device->figures(), AccessRecord::Figures{});
@@ -121,6 +121,26 @@ TEST(LaunchReferences, FollowsPlacementChanges) {
   refs.word(base);
   refs.finish(nullptr);
   EXPECT_EQ(r->figures().bytes, 2 * mib);
+}
+
+// A kernel split over several launches, each at a higher address of the same
+// range, is one pass over it; another kernel, or the same one from the start
+// again, is the next pass.
+TEST(LaunchReferences, LaunchesOfOneKernelWalkingARangeUpwardAreOnePass) {
+  AccessTable table;
+  AccessRecord* r = table.add(base, 8 * mib, 0, 0, 0);
+  const int split = 0, other = 0;
+  auto launch = [&](const void* function, CUdeviceptr address) {
+    LaunchReferences refs(table, function);
+    refs.word(address);
+    refs.finish(nullptr);
+  };
+  for (CUdeviceptr at = base; at < base + 8 * mib; at += 2 * mib) launch(&split, at);  // one pass, 4 launches
+  launch(&other, base + 2 * mib);  // another kernel
+  launch(&split, base);            // the first again, from the start
+  launch(&split, base + 4 * mib);  // ...going on
+  launch(nullptr, base + 6 * mib);  // unknown function: a pass of its own
+  EXPECT_EQ(r->figures(), (AccessRecord::Figures{8, 0, 4}));
 }
 
 // Lookups and counts race adds and removes: a reader only ever gets null or
