@@ -78,10 +78,18 @@ void Uses::plan(int device) {
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) {
     return std::pair(passes(a), b->size) < std::pair(passes(b), a->size);
   });
+  // What the device cannot hold spills anyway, to whatever is requested
+  // while it is full: a byte as hot as the average one at the peak. Only
+  // kinds colder than that are worth placing off the device on purpose.
+  double bytes = 0, passed = 0;
+  for (const Kind* k : alive) {
+    bytes += double(k->size) * k->at_peak;
+    passed += double(k->size) * k->at_peak * passes(k);
+  }
   Device& d = devices_[device];
   std::size_t lacked = d.lacked;
   for (Kind* k : alive) {
-    if (!lacked) break;
+    if (!lacked || passes(k) > passed / bytes) break;
     const std::size_t bytes = std::size_t(k->at_peak) * k->size;
     k->off_device = lacked >= bytes ? 1.0 : double(lacked) / double(bytes);
     lacked -= std::min(lacked, bytes);

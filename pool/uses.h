@@ -11,8 +11,10 @@
 // lacked at the peak (the spilled bytes of the large allocations alive then,
 // less what the device still had room for) go to the kinds alive at the peak
 // with the fewest passes over each allocation (pool/access.h), as a share of each of their
-// allocations' bytes, placed off the device when requested. Hot temporaries
-// (not alive at the peak, or many passes) keep the device. A wrong guess
+// allocations' bytes, placed off the device when requested; only kinds passed
+// over less than the average byte alive at the peak (what a spill in the
+// order requested would hit). Hot temporaries (not alive at the peak, or many
+// passes) keep the device. A wrong guess
 // costs speed only: memory off the device stays mapped. report:1 prints the
 // figures by size at exit.
 #pragma once

@@ -96,7 +96,7 @@ std::vector<std::size_t> step(AccessTable& table, Uses& uses, std::size_t room) 
   return off;
 }
 
-TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestLaunches) {
+TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasses) {
   AccessTable table;
   table.add(base, 128 * mib, 0, 0, 0);
   table.add(base + 128 * mib, 192 * mib, 0, 192 * mib, 0);
@@ -110,6 +110,12 @@ TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestLaunc
   // A, the least used, goes off the device whole; B (hot) and T (not alive
   // at the peak) stay on it.
   EXPECT_EQ(step(table, uses, 64 * mib), (Off{128 * mib, 0, 0}));
+  // With no room the device lacked all of B's 192 MiB: A goes whole, and B,
+  // passed over more than the average byte at the peak, stays on the device
+  // (what a spill in the order requested would hit is no colder).
+  Uses no_room(&table, true);
+  for (int i = 0; i < 2; ++i) step(table, no_room, 0);
+  EXPECT_EQ(step(table, no_room, 0), (Off{128 * mib, 0, 0}));
   // With more room the device lacked less: half of A.
   Uses more_room(&table, true);
   for (int i = 0; i < 2; ++i) step(table, more_room, 128 * mib);
