@@ -36,20 +36,51 @@ Uses::Request Uses::request(int device, std::size_t size) {
   k.device = device;
   k.size = size;
   if (d.replan) plan(device);
-  return {kind, device, place_ ? std::size_t(k.off_device * double(size)) : 0};
+  return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
 }
 
-bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling) {
+bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns) {
   AccessRecord* r = request.kind ? table_->find(base) : nullptr;
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
   std::lock_guard lock(mutex_);
   live_[base] = {request.kind, request.device};
   ++kinds_[request.kind].live;
+  if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
-  if (!place_ || !spilling || used < d.peak_used) return false;
+  if (used < d.peak_used / 2) d.armed = true;
+  if (used + d.peak_used / 64 < d.peak_used) return false;
+  if (d.armed) {
+    d.armed = false;
+    stepped(d, now_ns);
+  }
+  if (used < d.peak_used) return false;
   d.peak_used = used;
   return true;
+}
+
+void Uses::stepped(Device& d, int64_t now_ns) {
+  const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
+  d.step_ns = now_ns;
+  if (!step) return;
+  switch (d.trial) {
+    case Trial::ordered:
+      d.ordered_ns = d.ordered_ns ? std::min(d.ordered_ns, step) : step;
+      if (++d.steps == 2) {
+        d.trial = Trial::planned;
+        d.steps = 0;
+      }
+      break;
+    case Trial::planned:
+      if (++d.steps == 2) {  // the first step with the plan settles it
+        d.planned_ns = step;
+        d.trial = step * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
+      }
+      break;
+    case Trial::kept:
+    case Trial::dropped:
+      break;
+  }
 }
 
 void Uses::peak(int device, std::size_t room) {
@@ -166,8 +197,12 @@ std::string Uses::report_plan(std::size_t most) const {
   std::string out;
   char buf[256];
   for (const auto& [device, d] : devices_) {
-    snprintf(buf, sizeof buf, "gmem: report place device=%d peak_used=%zu lacked=%zu\n", device, d.peak_used,
-             d.lacked);
+    static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped"};
+    snprintf(buf, sizeof buf,
+             "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
+             "planned_step_ms=%.1f\n",
+             device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
+             double(d.planned_ns) / 1e6);
     out += buf;
   }
   std::vector<const Kind*> alive;

@@ -15,8 +15,15 @@
 // over less than the average byte alive at the peak (what a spill in the
 // order requested would hit). Hot temporaries (not alive at the peak, or many
 // passes) keep the device. A wrong guess
-// costs speed only: memory off the device stays mapped. report:1 prints the
-// figures by size at exit.
+// costs speed only: memory off the device stays mapped.
+//
+// Passes do not tell how fast a kernel runs over host memory, so the plan is
+// tried, not trusted: once the steps repeat (the pool's use comes within a
+// 64th of its peak once a step, after falling below half of it), the time
+// from peak to peak in the order requested (the shorter of two steps) is
+// measured against a step with the plan (after one to settle), and the plan
+// is kept only if that step is at least 5% shorter. report:1 prints the
+// figures by size, and the plan and its trial, at exit.
 #pragma once
 
 #include <cstddef>
@@ -55,10 +62,11 @@ class Uses {
     std::size_t off_device = 0;
   };
   Request request(int device, std::size_t size);
-  // `request` was served at `base` (followed if a range starts there); the
-  // pool's use on its device is now `used`. True if that is its peak so far
-  // while the device spills: the pool then tells peak() what room the device has.
-  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling);
+  // `request` was served at `base` (followed if a range starts there) at
+  // `now_ns` (steady clock); the pool's use on its device is now `used`. True
+  // if that is its peak so far while the device spills: the pool then tells
+  // peak() what room the device has.
+  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns);
   // At the peak: the device could still have given `room` bytes (driver and
   // pool free): the kinds alive now, and the bytes the device lacked.
   void peak(int device, std::size_t room);
@@ -87,12 +95,24 @@ class Uses {
     uint64_t kind;
     int device;
   };
+  // The trial of the plan: steps in the order requested, then with the plan
+  // (its shares in force), then kept or dropped for good.
+  enum class Trial { ordered, planned, kept, dropped };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_used = 0;
     std::size_t lacked = 0;  // at the last peak
     bool replan = false;
+    Trial trial = Trial::ordered;
+    bool armed = false;      // use fell below half the peak since the last step's
+    int64_t step_ns = 0;     // when the last step reached its peak
+    int steps = 0;           // steps timed in this phase of the trial
+    int64_t ordered_ns = 0;  // the shortest step in the order requested
+    int64_t planned_ns = 0;  // the step with the plan
+    bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
   };
+  // One step reached its peak at `now_ns`: the trial goes on.
+  static void stepped(Device& d, int64_t now_ns);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;

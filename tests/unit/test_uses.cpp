@@ -2,6 +2,8 @@
 // an access table fed launches by hand.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "pool/uses.h"
@@ -14,7 +16,7 @@ constexpr CUdeviceptr base = 0x7f0000000000ull;
 
 // Serves `size` at `address` on device 0, which spills, at use `used`.
 bool serve(Uses& uses, CUdeviceptr address, std::size_t size, std::size_t used = 0) {
-  return uses.served(address, uses.request(0, size), used, true);
+  return uses.served(address, uses.request(0, size), used, true, 0);
 }
 
 void launch(AccessTable& table, CUdeviceptr address) {
@@ -72,68 +74,96 @@ TEST(Uses, TheReportListsTheSizesWithTheMostHostBytesFirst) {
   EXPECT_EQ(uses.report(1), "gmem: report use size=268435456 allocs=1 launches_per_alloc=0.0 passes_per_alloc=0.0 host_share=0.50\n");
 }
 
-// One step of a job on device 0 (which spills): A (128 MiB, one launch) and
-// B (192 MiB, five launches) are alive at the peak; T (256 MiB, one launch) is
-// a temporary made after B is freed. B's range lies in host memory. At each
-// peak the device had `room` bytes left. The requests' placements, in order.
-std::vector<std::size_t> step(AccessTable& table, Uses& uses, std::size_t room) {
-  const CUdeviceptr a = base, b = base + 128 * mib, t = base + 320 * mib;
-  std::vector<std::size_t> off;
-  auto serve_at = [&](CUdeviceptr at, std::size_t size, std::size_t used) {
-    const Uses::Request r = uses.request(0, size);
-    off.push_back(r.off_device);
-    if (uses.served(at, r, used, true)) uses.peak(0, room);
-  };
-  serve_at(a, 128 * mib, 128 * mib);
-  launch(table, a);
-  serve_at(b, 192 * mib, 320 * mib);
-  for (int i = 0; i < 5; ++i) launch(table, b);
-  uses.freed(b, 192 * mib);
-  serve_at(t, 256 * mib, 384 * mib - 128 * mib - 64 * mib);
-  launch(table, t);
-  uses.freed(t, 256 * mib);
-  uses.freed(a, 128 * mib);
-  return off;
-}
+// A job on device 0 (which spills), one step at a time: A (128 MiB, one
+// launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
+// one launch) is a temporary made after B is freed. B's range lies in host
+// memory. At each peak the device had `room` bytes left.
+class Job {
+ public:
+  explicit Job(bool place, std::size_t room) : uses_(&table_, place), room_(room) {
+    table_.add(a, 128 * mib, 0, 0, 0);
+    table_.add(b, 192 * mib, 0, 192 * mib, 0);
+    table_.add(t, 256 * mib, 0, 0, 0);
+  }
+  // One step lasting `step_ns`: the bytes of A, B and T requested off the device.
+  std::vector<std::size_t> step(int64_t step_ns = 100'000'000) {
+    std::vector<std::size_t> off;
+    auto serve_at = [&](CUdeviceptr at, std::size_t size, std::size_t used) {
+      const Uses::Request r = uses_.request(0, size);
+      off.push_back(r.off_device);
+      if (uses_.served(at, r, used, true, now_)) uses_.peak(0, room_);
+    };
+    serve_at(a, 128 * mib, 128 * mib);
+    launch(table_, a);
+    serve_at(b, 192 * mib, 320 * mib);
+    for (int i = 0; i < 5; ++i) launch(table_, b);
+    uses_.freed(b, 192 * mib);
+    serve_at(t, 256 * mib, 384 * mib - 128 * mib - 64 * mib);
+    launch(table_, t);
+    uses_.freed(t, 256 * mib);
+    uses_.freed(a, 128 * mib);
+    now_ += step_ns;
+    return off;
+  }
+  Uses& uses() { return uses_; }
+
+ private:
+  static constexpr CUdeviceptr a = base, b = base + 128 * mib, t = base + 320 * mib;
+  AccessTable table_;
+  Uses uses_;
+  const std::size_t room_;
+  int64_t now_ = 0;
+};
+
+using Off = std::vector<std::size_t>;
+constexpr int ordered_steps = 4;  // the first, then three to time (the first of them starts the clock)
 
 TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasses) {
-  AccessTable table;
-  table.add(base, 128 * mib, 0, 0, 0);
-  table.add(base + 128 * mib, 192 * mib, 0, 192 * mib, 0);
-  table.add(base + 320 * mib, 256 * mib, 0, 0, 0);
-  Uses uses(&table, true);
-  using Off = std::vector<std::size_t>;
-  // The first two steps learn (the second's first requests follow other
-  // sizes than the first's); the device lacked B's 192 MiB less 64 MiB of room.
-  EXPECT_EQ(step(table, uses, 64 * mib), (Off{0, 0, 0}));
-  step(table, uses, 64 * mib);
-  // A, the least used, goes off the device whole; B (hot) and T (not alive
-  // at the peak) stay on it.
-  EXPECT_EQ(step(table, uses, 64 * mib), (Off{128 * mib, 0, 0}));
+  // The device lacked B's 192 MiB less 64 MiB of room. Until the steps have
+  // been timed, everything goes in the order requested.
+  Job job(true, 64 * mib);
+  for (int i = 0; i < ordered_steps; ++i) EXPECT_EQ(job.step(), (Off{0, 0, 0})) << "step " << i;
+  // Then A, the least used, goes off the device whole; B (hot) and T (not
+  // alive at the peak) stay on it.
+  EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0}));
   // With no room the device lacked all of B's 192 MiB: A goes whole, and B,
   // passed over more than the average byte at the peak, stays on the device
   // (what a spill in the order requested would hit is no colder).
-  Uses no_room(&table, true);
-  for (int i = 0; i < 2; ++i) step(table, no_room, 0);
-  EXPECT_EQ(step(table, no_room, 0), (Off{128 * mib, 0, 0}));
+  Job no_room(true, 0);
+  for (int i = 0; i < ordered_steps; ++i) no_room.step();
+  EXPECT_EQ(no_room.step(), (Off{128 * mib, 0, 0}));
   // With more room the device lacked less: half of A.
-  Uses more_room(&table, true);
-  for (int i = 0; i < 2; ++i) step(table, more_room, 128 * mib);
-  EXPECT_EQ(step(table, more_room, 128 * mib), (Off{64 * mib, 0, 0}));
+  Job more_room(true, 128 * mib);
+  for (int i = 0; i < ordered_steps; ++i) more_room.step();
+  EXPECT_EQ(more_room.step(), (Off{64 * mib, 0, 0}));
   // Without place_by_use, every request wants the device first.
-  Uses figures_only(&table, false);
-  for (int i = 0; i < 2; ++i) step(table, figures_only, 64 * mib);
-  EXPECT_EQ(step(table, figures_only, 64 * mib), (Off{0, 0, 0}));
+  Job figures_only(false, 64 * mib);
+  for (int i = 0; i < ordered_steps; ++i) figures_only.step();
+  EXPECT_EQ(figures_only.step(), (Off{0, 0, 0}));
 }
 
 TEST(Uses, NothingGoesOffTheDeviceWhileItHadRoomAtThePeak) {
-  AccessTable table;
-  table.add(base, 128 * mib, 0, 0, 0);
-  table.add(base + 128 * mib, 192 * mib, 0, 192 * mib, 0);
-  table.add(base + 320 * mib, 256 * mib, 0, 0, 0);
-  Uses uses(&table, true);
-  for (int i = 0; i < 2; ++i) step(table, uses, 192 * mib);
-  EXPECT_EQ(step(table, uses, 192 * mib), (std::vector<std::size_t>{0, 0, 0}));
+  Job job(true, 192 * mib);
+  for (int i = 0; i < ordered_steps; ++i) job.step();
+  EXPECT_EQ(job.step(), (Off{0, 0, 0}));
+}
+
+// The plan stays if its step is at least 5% shorter than the shortest in the
+// order requested; else the order comes back.
+TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
+  for (const auto& [planned_ns, kept] : {std::pair<int64_t, bool>{94'000'000, true}, {96'000'000, false}}) {
+    Job job(true, 64 * mib);
+    for (int i = 0; i < ordered_steps; ++i) job.step(i == 2 ? 100'000'000 : 150'000'000);  // shortest: 100 ms
+    // A step's time runs from its peak to the next one's: the first step with
+    // the plan settles it, the time from its peak to the second's is timed,
+    // and the trial ends at the second's peak (after its requests were placed).
+    EXPECT_EQ(job.step(planned_ns), (Off{128 * mib, 0, 0}));
+    EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0}));
+    const Off after = kept ? Off{128 * mib, 0, 0} : Off{0, 0, 0};
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(job.step(), after) << planned_ns << " ns, step " << i;
+    EXPECT_NE(job.uses().report().find(kept ? "trial=kept ordered_step_ms=100.0" : "trial=dropped ordered_step_ms=100.0"),
+              std::string::npos) << job.uses().report();
+  }
 }
 
 }  // namespace
