@@ -60,12 +60,13 @@
     "ranges, counting per range the launches that reference it and the host and "    \
     "peer bytes they may pull (stats: host_access_bytes); 0: launches are not "       \
     "looked at")                                                                      \
-  X(place_by_use, flag, "0",                                                       \
-    "1: with pool:vmm and track_access, once a device spills, the large allocations "\
-    "alive at its peak use that kernels pass over least are placed off the device "\
-    "when requested, as much as the device lacked at the last peak (experimental: "\
-    "faster for the LM, slower for the GCN on the H100, docs/results.md); 0: the " \
-    "device first for every request, in the order made")                           \
+  X(place_by_use, flag, "1",                                                         \
+    "1: with pool:vmm and track_access, once a device spills and its steps repeat, " \
+    "the large allocations alive at its peak use that kernels pass over least are "  \
+    "placed off the device when requested, as much as the device lacked at the last "\
+    "peak; the plan is tried for two steps after four in the order requested and "   \
+    "kept only if its step is at least 5% shorter (report:1 prints the trial); 0: "  \
+    "the device first for every request, in the order made")                         \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
