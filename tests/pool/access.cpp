@@ -49,6 +49,7 @@ class Access : public ::testing::Test {
     ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
     ASSERT_EQ(cuModuleGetFunction(&halves_, module_, "halves"), CUDA_SUCCESS);
     ASSERT_EQ(cuModuleGetFunction(&misaligned_, module_, "misaligned"), CUDA_SUCCESS);
+    if (!two_allocations_) return;
     ASSERT_EQ(cuMemAlloc_v2(&on_device_, 8 * mib), CUDA_SUCCESS);
     ASSERT_EQ(cuMemAlloc_v2(&spilled_, 16 * mib), CUDA_SUCCESS);
     host_ = OwnStats().placement(spilled_).host_bytes;
@@ -56,8 +57,10 @@ class Access : public ::testing::Test {
     ASSERT_EQ(OwnStats().placement(on_device_).host_bytes, 0u);
   }
   void TearDown() override {
-    EXPECT_EQ(cuMemFree_v2(on_device_), CUDA_SUCCESS);
-    EXPECT_EQ(cuMemFree_v2(spilled_), CUDA_SUCCESS);
+    if (two_allocations_) {
+      EXPECT_EQ(cuMemFree_v2(on_device_), CUDA_SUCCESS);
+      EXPECT_EQ(cuMemFree_v2(spilled_), CUDA_SUCCESS);
+    }
     EXPECT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
     EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
   }
@@ -67,6 +70,7 @@ class Access : public ::testing::Test {
     return cuLaunchKernel(two_, grid, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr);
   }
 
+  bool two_allocations_ = true;  // on_device_ and spilled_, made in SetUp
   CUcontext ctx_ = nullptr;
   CUmodule module_ = nullptr;
   CUfunction two_ = nullptr, halves_ = nullptr, misaligned_ = nullptr;
@@ -80,17 +84,7 @@ using Untracked = Access;
 // Without the fixture's two allocations.
 class Place : public Access {
  protected:
-  void SetUp() override {
-    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
-    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
-    ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-    ASSERT_EQ(cuModuleLoadData(&module_, ptx), CUDA_SUCCESS);
-    ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
-  }
-  void TearDown() override {
-    EXPECT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
-    EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
-  }
+  Place() { two_allocations_ = false; }
 };
 
 // Two addresses in the spilled range count it once; the device range adds a
