@@ -145,12 +145,6 @@ void Uses::freed(CUdeviceptr base, std::size_t size) {
   live_.erase(it);
 }
 
-double Uses::share_off_device(uint64_t kind) const {
-  std::lock_guard lock(mutex_);
-  auto it = kinds_.find(kind);
-  return it == kinds_.end() ? 0 : it->second.off_device;
-}
-
 std::map<std::size_t, Uses::Figures> Uses::by_size() const {
   std::map<std::size_t, Figures> sizes;
   std::lock_guard lock(mutex_);

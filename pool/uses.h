@@ -75,8 +75,6 @@ class Uses {
 
   // The figures of one size (zero if never freed).
   Figures of(std::size_t size) const;
-  // The share of a request of `kind` placed off the device now.
-  double share_off_device(uint64_t kind) const;
   // "gmem: report use ..." lines: the `most` sizes with the most bytes freed
   // in host memory, then by bytes freed; with place_by_use, then "gmem:
   // report place ..." lines: per device what it lacked at its last peak, and
