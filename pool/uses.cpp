@@ -32,10 +32,12 @@ Uses::Request Uses::request(int device, std::size_t size) {
   const uint64_t kind = mix(mix(mix(mix(uint64_t(device) + 1) ^ size) ^ d.recent[0]) ^ d.recent[1]) | 1;
   d.recent[1] = d.recent[0];
   d.recent[0] = size;
+  if (kinds_.size() >= 2 * max_kinds) forget_old_kinds();
   Kind& k = kinds_[kind];
   k.device = device;
   k.size = size;
-  if (d.replan) plan(device);
+  k.last_request = ++requests_;
+  if (d.replan && d.planning()) plan(device);
   return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
 }
 
@@ -44,7 +46,11 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
   std::lock_guard lock(mutex_);
-  live_[base] = {request.kind, request.device};
+  auto [it, fresh] = live_.try_emplace(base, Live{request.kind, request.device});
+  if (!fresh) {  // its free was not seen: the old life ends here
+    --kinds_[it->second.kind].live;
+    it->second = Live{request.kind, request.device};
+  }
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
@@ -69,6 +75,7 @@ void Uses::stepped(Device& d, int64_t now_ns) {
       if (++d.steps == 2) {
         d.trial = Trial::planned;
         d.steps = 0;
+        d.replan = true;
       }
       break;
     case Trial::planned:
@@ -96,6 +103,13 @@ void Uses::peak(int device, std::size_t room) {
   Device& d = devices_[device];
   d.lacked = off > room ? off - room : 0;
   d.replan = true;
+}
+
+void Uses::forget_old_kinds() {
+  std::erase_if(kinds_, [&](const auto& entry) {
+    const Kind& k = entry.second;
+    return !k.live && k.last_request + max_kinds < requests_;
+  });
 }
 
 void Uses::plan(int device) {

@@ -42,6 +42,10 @@ class Uses {
   // Allocations below this size are not followed (they live in slabs and
   // small ranges, shared with others).
   static constexpr std::size_t min_size = std::size_t{64} << 20;
+  // A job whose shapes vary makes new kinds every step: at twice this many,
+  // those neither alive nor requested among the last max_kinds requests are
+  // forgotten (with their figures).
+  static constexpr std::size_t max_kinds = 4096;
 
   // Without `place`, figures only (every request wants the device first).
   explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
@@ -85,6 +89,7 @@ class Uses {
   struct Kind {
     int device = -1;
     std::size_t size = 0;
+    uint64_t last_request = 0;  // requests_ when last requested
     Figures figures;
     uint32_t live = 0, at_peak = 0;
     double off_device = 0;  // the share of each allocation placed off the device
@@ -118,11 +123,13 @@ class Uses {
   AccessRecord* record(CUdeviceptr base, std::size_t size) const;
   // The shares off the device of `device`'s kinds; under mutex_.
   void plan(int device);
+  void forget_old_kinds();  // under mutex_
 
   AccessTable* const table_;
   const bool place_;
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;
+  uint64_t requests_ = 0;  // large requests so far
   std::unordered_map<CUdeviceptr, Live> live_;
   std::map<int, Device> devices_;
 };

@@ -74,6 +74,19 @@ TEST(Uses, TheReportListsTheSizesWithTheMostHostBytesFirst) {
   EXPECT_EQ(uses.report(1), "gmem: report use size=268435456 allocs=1 launches_per_alloc=0.0 passes_per_alloc=0.0 host_share=0.50\n");
 }
 
+// A job whose shapes vary makes new kinds all the time: those long unused go.
+TEST(Uses, KindsLongUnusedAreForgotten) {
+  AccessTable table;
+  Uses uses(&table, true);
+  table.add(base, 128 * mib, 0, 0, 0);
+  serve(uses, base, 128 * mib);
+  uses.freed(base, 128 * mib);
+  EXPECT_EQ(uses.of(128 * mib).allocations, 1u);
+  const std::size_t granule = 2 * mib;
+  for (std::size_t i = 1; i <= 2 * Uses::max_kinds; ++i) uses.request(0, 256 * mib + i * granule);
+  EXPECT_EQ(uses.of(128 * mib).allocations, 0u);
+}
+
 // A job on device 0 (which spills), one step at a time: A (128 MiB, one
 // launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
 // one launch) is a temporary made after B is freed. B's range lies in host
