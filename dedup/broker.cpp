@@ -4,14 +4,14 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+
+#include "ipc/fd_passing.h"
 
 namespace gmem::dedup {
 
@@ -26,42 +26,9 @@ ino_t namespace_of(pid_t pid, const char* which) {
 }  // namespace
 
 std::unique_ptr<Broker> Broker::bind(const std::string& path, std::string* problem, bool any_namespace) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof addr.sun_path) {
-    *problem = "dedup socket path '" + path + "' is empty or too long";
-    return nullptr;
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  std::error_code error;
-  auto dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty() && !std::filesystem::exists(dir)) {
-    std::filesystem::create_directories(dir, error);
-    chmod(dir.c_str(), geteuid() == 0 ? 0755 : 0700);
-  }
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *problem = std::string("socket: ") + strerror(errno);
-    return nullptr;
-  }
-  // A socket file nobody answers on is stale; one that answers belongs to a live broker.
-  int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  const bool answered = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  if (probe >= 0) close(probe);
-  struct stat st {};
-  if (answered || (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))) {
-    *problem = answered ? "a dedup broker already answers on " + path : path + " exists and is not a socket";
-    close(fd);
-    return nullptr;
-  }
-  unlink(path.c_str());
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 128) != 0) {
-    *problem = "cannot listen on " + path + ": " + strerror(errno);
-    close(fd);
-    return nullptr;
-  }
   // Root serves every user (each in its own group); a user's broker only them.
-  chmod(path.c_str(), geteuid() == 0 ? 0666 : 0600);
+  int fd = fds::listen_at(path, "dedup broker", problem);
+  if (fd < 0) return nullptr;
   int stop = eventfd(0, EFD_CLOEXEC);
   return std::unique_ptr<Broker>(new Broker(fd, stop, path, any_namespace));
 }

@@ -1,7 +1,6 @@
 #include "dedup/client.h"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,6 +9,7 @@
 
 #include "gmem/dedup.h"
 #include "gmem/internal/log.h"
+#include "ipc/fd_passing.h"
 #include "vmm/memory.h"
 
 namespace gmem::dedup {
@@ -60,14 +60,8 @@ void Client::publish(const Marked& m, int sign) {
 bool Client::connected() {
   if (socket_ >= 0 && socket_pid_ == getpid()) return true;
   if (socket_ >= 0 && socket_pid_ != getpid()) socket_ = -1;  // the parent's: left to it
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path_.size() >= sizeof addr.sun_path) return false;
-  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size());
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
+  int fd = fds::connect_to(socket_path_);
+  if (fd < 0) {
     log().warn("dedup: no broker answers on {} ({}); marked memory stays private. Start gmemd --dedup-socket {}",
                socket_path_, strerror(errno), socket_path_);
     return false;

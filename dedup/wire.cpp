@@ -15,12 +15,7 @@ bool Key::operator<(const Key& o) const {
   return std::tie(size, range_size, hash) < std::tie(o.size, o.range_size, o.hash);
 }
 
-std::string default_socket_path() {
-  if (geteuid() == 0) return "/run/gmem/dedup.sock";
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime && *runtime) return std::string(runtime) + "/gmem/dedup.sock";
-  return "/tmp/gmem-" + std::to_string(geteuid()) + "/dedup.sock";
-}
+std::string default_socket_path() { return fds::runtime_path("dedup.sock"); }
 
 void close_all(std::vector<int>& fds) { fds::close_all(fds); }
 

@@ -15,6 +15,8 @@
 #include "interpose/gate.h"
 #include "interpose/torch_retry.h"
 #include "ipc/exporter.h"
+#include "ipc/host_lease.h"
+#include "ipc/host_pool.h"
 #include "ipc/importer.h"
 #include "pool/report.h"
 
@@ -65,6 +67,7 @@ void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
                                             the_runtime->pool->mover(), &the_runtime->pool->uses());
+    if (the_runtime->host_lease) text += the_runtime->host_lease->report();
     fputs(text.c_str(), stderr);
   }
 }
@@ -88,6 +91,19 @@ void start_dedup(Runtime& rt) {
                                                             : rt.config.dedup_socket.path;
   rt.dedup = new dedup::Client(rt.pool->driver(), *rt.pool->vmm(), rt.pool->publisher(), socket);
   rt.pool->observe_frees(rt.dedup);
+}
+
+// The VMM pool's host tier borrows from gmemd's host pool before it pins.
+void start_host_lease(Runtime& rt) {
+  std::string socket = rt.config.host_pool_socket.path.empty() ? ipc::host_pool::default_socket_path()
+                                                                : rt.config.host_pool_socket.path;
+  rt.host_lease = new ipc::HostLease(rt.pool->driver(), socket);
+  ipc::HostLease* lease = rt.host_lease;
+  rt.pool->tiers()->lease_host(
+      {[lease](vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer) {
+         return lease->take(where, size, out, observer);
+       },
+       [lease](std::size_t size) { return lease->lendable(size); }});
 }
 
 // Any process under gmem opens gmem's handles; one with the VMM pool exports
@@ -139,6 +155,7 @@ void initialise() {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);
       }
+      if (use_vmm && rt->config.host_pool) start_host_lease(*rt);
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

@@ -13,6 +13,7 @@ class Client;
 }
 namespace ipc {
 class Exporter;
+class HostLease;
 class Importer;
 }
 
@@ -24,6 +25,7 @@ struct Runtime {
   // CUDA IPC: pool memory exported (pool:vmm), gmem handles opened (any pool).
   ipc::Exporter* ipc_exporter = nullptr;
   ipc::Importer* ipc_importer = nullptr;
+  ipc::HostLease* host_lease = nullptr;  // host_pool:1 with pool:vmm
 };
 
 // Initialises on first use; never destroyed (the driver may be gone at exit).

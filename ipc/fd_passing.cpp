@@ -2,10 +2,14 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace gmem::fds {
 
@@ -70,6 +74,68 @@ bool receive(int socket, void* data, std::size_t size, std::vector<int>* fds, in
   const bool ok = got == static_cast<ssize_t>(size) && !(header.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
   if (!ok) close_all(*fds);
   return ok;
+}
+
+std::string runtime_path(const std::string& file) {
+  if (geteuid() == 0) return "/run/gmem/" + file;
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime && *runtime) return std::string(runtime) + "/gmem/" + file;
+  return "/tmp/gmem-" + std::to_string(geteuid()) + "/" + file;
+}
+
+int connect_to(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  const int error = errno;
+  close(fd);
+  errno = error;
+  return -1;
+}
+
+int listen_at(const std::string& path, const std::string& what, std::string* problem) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    *problem = what + " socket path '" + path + "' is empty or too long";
+    return -1;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  std::error_code error;
+  auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::exists(dir)) {
+    std::filesystem::create_directories(dir, error);
+    chmod(dir.c_str(), geteuid() == 0 ? 0755 : 0700);
+  }
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *problem = std::string("socket: ") + strerror(errno);
+    return -1;
+  }
+  // A socket file nobody answers on is stale; one that answers belongs to a live server.
+  int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  const bool answered = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (probe >= 0) close(probe);
+  struct stat st {};
+  if (answered || (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))) {
+    *problem = answered ? "a " + what + " already answers on " + path : path + " exists and is not a socket";
+    close(fd);
+    return -1;
+  }
+  unlink(path.c_str());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 128) != 0) {
+    *problem = "cannot listen on " + path + ": " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  chmod(path.c_str(), geteuid() == 0 ? 0666 : 0600);
+  return fd;
 }
 
 }  // namespace gmem::fds

@@ -145,7 +145,7 @@ CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* 
     if (size > host_room_locked() / 2) return CUDA_ERROR_OUT_OF_MEMORY;
     host_held_ += size;
   }
-  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
+  CUresult status = pin_host(where, size, out);
   std::lock_guard lock(mutex_);
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;
@@ -155,6 +155,11 @@ CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* 
   prepared_ += size;
   publish_prepared(preparer_device_);
   return CUDA_SUCCESS;
+}
+
+CUresult Tiers::pin_host(vmm::Location where, std::size_t size, vmm::Chunk* out) {
+  if (lease_.take && lease_.take(where, size, out, this)) return CUDA_SUCCESS;
+  return vmm::Chunk::create(driver_, where, size, out, this);
 }
 
 void Tiers::publish_prepared(int device) {
@@ -182,6 +187,8 @@ std::size_t Tiers::host_budget_locked() {
   if (!host_budget_known_) {
     host_budget_known_ = true;
     if (!host_available_) host_available_ = host_available_memory();
+    // What gmemd pinned for jobs is no longer in MemAvailable, but it is theirs.
+    if (lease_.lendable && budgets_.host_chunk.share < 0) host_available_ += lease_.lendable(budgets_.host_chunk.bytes);
     host_budget_ = budgets_.host.of(host_available_);
   }
   return host_budget_;
@@ -306,7 +313,7 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool 
   if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   host_held_ += size;
   lock.unlock();
-  CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
+  CUresult status = pin_host(where, size, out);
   lock.lock();
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -89,6 +90,17 @@ class Tiers final : public vmm::ChunkObserver {
   // chunks are remapped (set once, before use).
   void track_access(AccessTable* table) { access_ = table; }
 
+  // Host chunks pinned ahead by another process (ipc::HostLease: gmemd's host
+  // pool). Set once, before the first spill.
+  struct Lease {
+    // Tried before pinning a chunk: true with `out` imported, `observer` told of it.
+    std::function<bool(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer)> take;
+    // What it could lend now in chunks of `size`: host memory for the host
+    // budget besides MemAvailable (memory pinned elsewhere is not in it).
+    std::function<std::size_t(std::size_t size)> lendable;
+  };
+  void lease_host(Lease lease) { lease_ = std::move(lease); }
+
   // vmm::ChunkObserver
   void mapped(const vmm::Chunk& chunk, CUdeviceptr at) override;
   void unmapped(CUmemGenericAllocationHandle handle, CUdeviceptr at) override;
@@ -131,6 +143,8 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_chunk_locked(int device, std::size_t want);
   // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
   CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
+  // A host chunk, borrowed or pinned (no lock held: it is slow).
+  CUresult pin_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
   void placed(CUdeviceptr at, bool host, int64_t delta);  // under mutex_
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);
@@ -149,6 +163,7 @@ class Tiers final : public vmm::ChunkObserver {
   std::map<CUdeviceptr, Mapped> mapped_;  // tier chunks by mapped address
   std::atomic<uint32_t> spilled_devices_{0};  // bit per device with tier chunks (ordinals < 32)
   AccessTable* access_ = nullptr;
+  Lease lease_;
   int preparer_device_ = -1;                  // the device whose near-full started it
   std::size_t preparer_unit_ = 0;             // the size of the chunks it prepares
   std::unique_ptr<HostPreparer> preparer_;    // last: its chunks report here as they go

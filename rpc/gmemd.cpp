@@ -1,6 +1,7 @@
 // gmemd: serves the stats that processes under gmem publish in shared memory,
 // over gRPC on a unix socket (and optionally TCP and Prometheus HTTP), and
 // sweeps the stats files of processes that died without removing them.
+#include <dlfcn.h>
 #include <grpcpp/server_builder.h>
 #include <gmem/stats.h>
 #include <signal.h>
@@ -11,6 +12,8 @@
 
 #include "dedup/broker.h"
 #include "dedup/wire.h"
+#include "interpose/real_driver.h"
+#include "ipc/host_pool.h"
 #include "rpc/catalog.h"
 #include "rpc/listener.h"
 #include "rpc/metrics.h"
@@ -20,6 +23,25 @@
 namespace {
 
 constexpr int exit_usage = 2;
+
+// The host pool needs the real driver, loaded only then: gmemd needs no GPU otherwise.
+std::unique_ptr<gmem::ipc::host_pool::Server> start_host_pool(gmem::ipc::host_pool::Server::Settings settings,
+                                                               std::string* problem) {
+  static const gmem::RealDriver real = gmem::open_real_driver();
+  if (!real.handle) {
+    *problem = "--host-pool needs the CUDA driver (libcuda.so.1) and found none; set GMEM_REAL_LIBCUDA to it";
+    return nullptr;
+  }
+  auto init = reinterpret_cast<CUresult (*)(unsigned)>(dlsym(real.handle, "cuInit"));
+  CUresult status = init ? init(0) : CUDA_ERROR_NOT_FOUND;
+  if (status != CUDA_SUCCESS) {
+    *problem = "--host-pool: cuInit failed (CUresult " + std::to_string(status) + ") in " + real.path;
+    return nullptr;
+  }
+  static const gmem::vmm::Driver driver =
+      gmem::vmm::Driver::from([](const char* name) { return dlsym(real.handle, name); });
+  return gmem::ipc::host_pool::Server::start(driver, std::move(settings), problem);
+}
 
 }  // namespace
 
@@ -32,6 +54,7 @@ int main(int argc, char** argv) {
       "  gmemd --metrics 127.0.0.1:9464         also serve Prometheus text on /metrics\n"
       "  gmemd --socket /tmp/g.sock --stats-dir /tmp/stats\n"
       "  gmemd --dedup                          also broker dedup (GMEM_CONF dedup:1) on the default socket\n"
+      "  gmemd --host-pool 96G                  pin 96 GiB of host memory now and lend it to jobs that spill\n"
       "Stops cleanly on SIGTERM or SIGINT.");
   std::string stats_dir = "/dev/shm", socket_path = default_socket_path(), listen_address, metrics_address;
   double sweep_seconds = 2.0;
@@ -49,6 +72,21 @@ int main(int argc, char** argv) {
   bool dedup_any_namespace = false;
   app.add_flag("--dedup-any-namespace", dedup_any_namespace,
                "let processes of one uid share memory across user and pid namespaces (containers); off: only within one");
+  gmem::ipc::host_pool::Server::Settings pool;
+  pool.socket = gmem::ipc::host_pool::default_socket_path();
+  app.add_option("--host-pool", pool.bytes,
+                 "pin this much host memory (96G) ahead of any job, in units, and lend it to jobs under gmem that "
+                 "spill (GMEM_CONF host_pool:1, the default): their first spilled step does not wait for pinning. "
+                 "Needs the CUDA driver. Off by default")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--host-pool-unit", pool.unit, "the size of each unit lent; a job borrows only units of its host_chunk")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--host-pool-socket", pool.socket, "lend on this unix socket (GMEM_CONF host_pool_socket)")
+      ->capture_default_str();
+  app.add_option("--host-pool-threads", pool.threads, "threads pinning at once")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--sweep-interval", sweep_seconds, "seconds between sweeps of dead processes' files")
       ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
@@ -114,6 +152,16 @@ int main(int argc, char** argv) {
     }
     broker->start();
   }
+  std::unique_ptr<gmem::ipc::host_pool::Server> host_pool;
+  if (pool.bytes) {
+    pool.say = [](const std::string& line) { fprintf(stderr, "gmemd: %s\n", line.c_str()); };
+    host_pool = start_host_pool(pool, &problem);
+    if (!host_pool) {
+      fprintf(stderr, "gmemd: %s\n", problem.c_str());
+      server->Shutdown();
+      return 1;
+    }
+  }
   listener->start(server.get());
   fprintf(stderr, "gmemd: serving unix:%s", socket_path.c_str());
   if (tcp_port) fprintf(stderr, ", %s (port %d)", listen_address.c_str(), tcp_port);
@@ -131,6 +179,7 @@ int main(int argc, char** argv) {
   fprintf(stderr, "gmemd: %s, stopping\n", strsignal(signal_number));
   listener->stop();
   if (broker) broker->stop();
+  host_pool.reset();
   if (metrics) metrics->stop();
   // Open watch streams end with CANCELLED after a short grace period.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -1,19 +1,13 @@
 // Default paths shared by gmemd and gmemctl.
 #include "rpc/paths.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <filesystem>
+
+#include "ipc/fd_passing.h"
 
 namespace gmem::rpc {
 
-std::string default_socket_path() {
-  if (geteuid() == 0) return "/run/gmem/gmemd.sock";
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime && *runtime) return std::string(runtime) + "/gmem/gmemd.sock";
-  return "/tmp/gmem-" + std::to_string(geteuid()) + "/gmemd.sock";
-}
+std::string default_socket_path() { return fds::runtime_path("gmemd.sock"); }
 
 std::string own_directory() {
   std::error_code error;

@@ -50,11 +50,16 @@ CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk
   return create(driver, Location::device(device), size, out);
 }
 
-CUresult Chunk::import(const Driver& driver, int fd, std::size_t size, Chunk* out) {
+CUresult Chunk::import(const Driver& driver, int fd, std::size_t size, Chunk* out, Location where,
+                       ChunkObserver* observer) {
   CUmemGenericAllocationHandle handle = 0;
   CUresult status = driver.cuMemImportFromShareableHandle(
       &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (status == CUDA_SUCCESS) *out = Chunk(driver, handle, size);
+  if (status == CUDA_SUCCESS) {
+    *out = Chunk(driver, handle, size);
+    out->location_ = where;
+    out->observer_ = observer;
+  }
   return status;
 }
 

@@ -90,8 +90,9 @@ class Chunk : public Owned {
   Location location() const { return location_; }
   ChunkObserver* observer() const { return observer_; }
   // Physical memory another process exported as a POSIX fd (the caller keeps
-  // `fd`); `size` is the size the exporter made it with.
-  static CUresult import(const Driver& driver, int fd, std::size_t size, Chunk* out);
+  // `fd`); `size` is the size the exporter made it with, `where` its location.
+  static CUresult import(const Driver& driver, int fd, std::size_t size, Chunk* out,
+                         Location where = Location::device(0), ChunkObserver* observer = nullptr);
   // A POSIX fd for this chunk (close-on-exec), for another process to import;
   // the caller closes it.
   CUresult export_fd(int* fd) const;

@@ -1,0 +1,121 @@
+#include "ipc/host_lease.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "gmem/internal/log.h"
+#include "ipc/fd_passing.h"
+
+namespace gmem::ipc {
+
+namespace {
+
+constexpr int reply_timeout_ms = 2000;
+// After an empty answer (or none), the next ask waits this long: gmemd may
+// still be pinning, or another job may give units back.
+constexpr auto ask_again_after = std::chrono::seconds(1);
+
+}  // namespace
+
+HostLease::HostLease(const vmm::Driver& driver, std::string socket, std::size_t batch)
+    : driver_(driver), socket_path_(std::move(socket)), batch_(batch) {}
+
+HostLease::~HostLease() {
+  fds::close_all(fds_);
+  if (socket_ >= 0) close(socket_);
+}
+
+bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer) {
+  std::lock_guard lock(mutex_);
+  // A forked child borrows nothing: what was lent is its parent's.
+  if (off_ || (pid_ && pid_ != getpid())) return false;
+  if (!fds_.empty() && (fds_size_ != size || !(fds_where_ == where))) return false;
+  if (fds_.empty() && !ask(where, size)) return false;
+  const int fd = fds_.back();
+  fds_.pop_back();
+  const CUresult status = vmm::Chunk::import(driver_, fd, size, out, where, observer);
+  close(fd);
+  if (status != CUDA_SUCCESS) {
+    log().warn("host pool: importing a unit gmemd lent failed ({}); this job pins its own host memory",
+               static_cast<int>(status));
+    off_ = true;
+    return false;
+  }
+  borrowed_.fetch_add(size, std::memory_order_relaxed);
+  units_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds) {
+  if (pid_ && pid_ != getpid()) return false;  // the parent's connection
+  if (socket_ < 0) {
+    socket_ = fds::connect_to(socket_path_);
+    if (socket_ < 0) {
+      log().debug("host pool: none answers on {} ({}); this job pins its own host memory", socket_path_,
+                  strerror(errno));
+      return false;
+    }
+    pid_ = getpid();
+  }
+  if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, reply_timeout_ms) ||
+      g->magic != host_pool::magic || g->version != host_pool::version || fds->size() != g->count) {
+    // gmemd went away or answered nonsense: what it lent is its again once
+    // this connection closes; a later ask connects anew.
+    fds::close_all(*fds);
+    close(socket_);
+    socket_ = -1;
+    return false;
+  }
+  return true;
+}
+
+std::size_t HostLease::lendable(std::size_t size) {
+  std::lock_guard lock(mutex_);
+  host_pool::Request r;
+  r.unit = size;
+  host_pool::Grant g;
+  std::vector<int> none;
+  return exchange(r, &g, &none) && g.refusal == host_pool::Refusal::none ? g.free : 0;
+}
+
+bool HostLease::ask(vmm::Location where, std::size_t size) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_ask_) return false;
+  next_ask_ = now + ask_again_after;
+  host_pool::Request r;
+  r.kind = static_cast<uint8_t>(where.kind);
+  r.location_id = where.id;
+  r.count = static_cast<uint32_t>(batch_);
+  r.unit = size;
+  host_pool::Grant g;
+  std::vector<int> received;
+  if (!exchange(r, &g, &received)) return false;
+  if (g.refusal != host_pool::Refusal::none) {
+    if (g.refusal == host_pool::Refusal::other_unit) {
+      log().info("host pool on {}: gmemd lends units of {} MiB, this job pins {} MiB ones; it pins its own (set "
+                 "host_chunk:{}M, or start gmemd with --host-pool-unit {}M)",
+                 socket_path_, g.unit >> 20, size >> 20, g.unit >> 20, size >> 20);
+    } else {
+      log().info("host pool on {}: gmemd pins on another NUMA node than this job's device ({}); it pins its own",
+                 socket_path_, where.id);
+    }
+    off_ = true;
+    return false;
+  }
+  if (received.empty()) return false;
+  fds_ = std::move(received);
+  fds_size_ = size;
+  fds_where_ = where;
+  return true;
+}
+
+std::string HostLease::report() const {
+  const std::size_t units = units_.load(std::memory_order_relaxed);
+  if (units == 0) return {};
+  return "gmem: report host-pool borrowed=" + std::to_string(borrowed_bytes()) + " units=" + std::to_string(units) +
+         "\n";
+}
+
+}  // namespace gmem::ipc

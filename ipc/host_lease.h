@@ -1,0 +1,63 @@
+// The job's side of gmemd's host pool (ipc/host_pool.h): host chunks pinned
+// ahead by gmemd, borrowed when the job's tiers would pin one themselves
+// (pool::Tiers::lease_host). Connects at the first need and keeps the
+// connection for the process's life: the units come back to gmemd when it
+// closes, at exit. Without gmemd, or when its pool has other units or none
+// left, the job pins as it would without it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ipc/host_pool.h"
+#include "vmm/memory.h"
+
+namespace gmem::ipc {
+
+class HostLease {
+ public:
+  // `batch`: units asked for at once (imported one by one as taken).
+  HostLease(const vmm::Driver& driver, std::string socket, std::size_t batch = 16);
+  ~HostLease();
+  HostLease(const HostLease&) = delete;
+  HostLease& operator=(const HostLease&) = delete;
+
+  // A unit of `size` bytes at `where`, imported, with `observer` told of it as
+  // of a chunk made with it; false when gmemd has none to lend.
+  bool take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer);
+
+  // Bytes gmemd's pool could lend now in units of `size` (0 without gmemd).
+  std::size_t lendable(std::size_t size);
+
+  std::size_t borrowed_bytes() const { return borrowed_.load(std::memory_order_relaxed); }
+  // "gmem: report host-pool borrowed=BYTES units=N", or nothing if none was.
+  std::string report() const;
+
+ private:
+  // Asks gmemd for a batch (under mutex_); false when none came.
+  bool ask(vmm::Location where, std::size_t size);
+  // Connects if not yet connected and sends `r` (under mutex_); the answer,
+  // false when none came (the connection is then closed).
+  bool exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds);
+
+  const vmm::Driver& driver_;
+  const std::string socket_path_;
+  const std::size_t batch_;
+  std::mutex mutex_;
+  int socket_ = -1;
+  pid_t pid_ = 0;  // the process that connected
+  bool off_ = false;  // gmemd lends other units or elsewhere: never again
+  std::chrono::steady_clock::time_point next_ask_{};
+  std::vector<int> fds_;  // lent, not yet imported: units of fds_size_ at fds_where_
+  std::size_t fds_size_ = 0;
+  vmm::Location fds_where_;
+  std::atomic<std::size_t> borrowed_{0}, units_{0};
+};
+
+}  // namespace gmem::ipc

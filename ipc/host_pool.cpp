@@ -1,0 +1,199 @@
+#include "ipc/host_pool.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+
+#include "vmm/topology.h"
+
+namespace gmem::ipc::host_pool {
+
+namespace {
+
+std::string gib(std::size_t bytes) {
+  char text[32];
+  snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+}  // namespace
+
+std::unique_ptr<Server> Server::start(const vmm::Driver& driver, Settings settings, std::string* problem) {
+  vmm::Topology topology;
+  vmm::Location where;
+  if (vmm::topology(driver, settings.device, &topology) != CUDA_SUCCESS || !topology.host_location(&where)) {
+    *problem = "device " + std::to_string(settings.device) + " has no host memory its driver can map (VMM)";
+    return nullptr;
+  }
+  std::size_t granularity = 0;
+  if (vmm::granularity(driver, where, &granularity) != CUDA_SUCCESS || granularity == 0 || settings.unit == 0 ||
+      settings.unit % granularity != 0) {
+    *problem = "the unit (" + std::to_string(settings.unit) + " bytes) must be a multiple of the host's granularity (" +
+               std::to_string(granularity) + " bytes)";
+    return nullptr;
+  }
+  settings.bytes -= settings.bytes % settings.unit;
+  if (settings.bytes == 0) {
+    *problem = "the pool must hold at least one unit (" + std::to_string(settings.unit) + " bytes)";
+    return nullptr;
+  }
+  settings.threads = std::max(1u, settings.threads);
+  int listen_fd = fds::listen_at(settings.socket, "host pool", problem);
+  if (listen_fd < 0) return nullptr;
+  return std::unique_ptr<Server>(new Server(driver, std::move(settings), where, listen_fd, eventfd(0, EFD_CLOEXEC)));
+}
+
+Server::Server(const vmm::Driver& driver, Settings settings, vmm::Location where, int listen_fd, int stop_fd)
+    : driver_(driver), settings_(std::move(settings)), where_(where), listen_(listen_fd), stop_(stop_fd) {
+  if (settings_.say) {
+    settings_.say("host pool: pinning " + gib(settings_.bytes) + " in units of " + std::to_string(settings_.unit >> 20) +
+                  " MiB on " + (where_.kind == vmm::Location::Kind::host_numa ? "NUMA node " + std::to_string(where_.id)
+                                                                               : std::string("the host")) +
+                  " with " + std::to_string(settings_.threads) + " threads; lending on " + settings_.socket);
+  }
+  for (unsigned t = 0; t < settings_.threads; ++t) pinners_.emplace_back([this] { pin(); });
+  server_ = std::thread([this] { serve(); });
+}
+
+Server::~Server() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = write(stop_, &one, sizeof one);
+  server_.join();
+  for (std::thread& t : pinners_) t.join();
+  for (auto& [fd, units] : lent_) close(fd);
+  close(listen_);
+  close(stop_);
+  unlink(settings_.socket.c_str());
+}
+
+void Server::pin() {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_ || failed_ || claimed_ + settings_.unit > settings_.bytes) return;
+      claimed_ += settings_.unit;
+    }
+    vmm::Chunk unit;
+    const CUresult status = vmm::Chunk::create(driver_, where_, settings_.unit, &unit);
+    std::lock_guard lock(mutex_);
+    if (status != CUDA_SUCCESS) {
+      claimed_ -= settings_.unit;
+      if (!failed_ && settings_.say) {
+        const char* name = nullptr;
+        if (driver_.cuGetErrorName) driver_.cuGetErrorName(status, &name);
+        settings_.say("host pool: pinning stopped at " + gib(units_.size() * settings_.unit) + ": cuMemCreate failed (" +
+                      (name ? name : std::to_string(status)) + ")");
+      }
+      failed_ = true;
+      return;
+    }
+    free_.push_back(units_.size());
+    units_.push_back(std::move(unit));
+    if (units_.size() * settings_.unit == settings_.bytes && settings_.say) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      settings_.say("host pool: " + gib(settings_.bytes) + " pinned in " + std::to_string(seconds) + " s");
+    }
+  }
+}
+
+Server::Figures Server::figures() const {
+  std::lock_guard lock(mutex_);
+  Figures f;
+  f.pinned = units_.size() * settings_.unit;
+  f.lent = f.pinned - free_.size() * settings_.unit;
+  for (const auto& [fd, units] : lent_) f.borrowers += units.empty() ? 0 : 1;
+  return f;
+}
+
+void Server::serve() {
+  for (;;) {
+    std::vector<pollfd> polled{{stop_, POLLIN, 0}, {listen_, POLLIN, 0}};
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [fd, units] : lent_) polled.push_back({fd, POLLIN, 0});
+    }
+    if (poll(polled.data(), polled.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (polled[0].revents) return;
+    if (polled[1].revents & POLLIN) accept_one();
+    for (std::size_t i = 2; i < polled.size(); ++i) {
+      if (!polled[i].revents) continue;
+      Request r;
+      std::vector<int> received;
+      const bool read = (polled[i].revents & POLLIN) && fds::receive(polled[i].fd, &r, sizeof r, &received, 0);
+      const bool kept = read && received.empty() && answer(polled[i].fd, r);
+      fds::close_all(received);
+      if (!kept) drop(polled[i].fd);
+    }
+  }
+}
+
+void Server::accept_one() {
+  int fd = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
+    close(fd);  // another user: refused (a unit keeps the bytes its last job left)
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  lent_[fd];
+}
+
+bool Server::answer(int fd, const Request& r) {
+  if (r.magic != magic || r.version != version) return false;
+  Grant g;
+  g.unit = settings_.unit;
+  std::vector<int> exported;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<std::size_t>& held = lent_[fd];
+    if (r.unit != settings_.unit) {
+      g.refusal = Refusal::other_unit;
+    } else if (r.count == 0) {
+      // How much is free, only.
+    } else if (r.kind != static_cast<uint8_t>(where_.kind) || r.location_id != where_.id) {
+      g.refusal = Refusal::other_location;
+    } else {
+      // The oldest units first: the lent ones return at the back.
+      const std::size_t n = std::min<std::size_t>({r.count, free_.size(), fds::max_per_message});
+      for (std::size_t i = 0; i < n; ++i) {
+        int unit_fd = -1;
+        if (units_[free_.front()].export_fd(&unit_fd) != CUDA_SUCCESS) break;
+        exported.push_back(unit_fd);
+        held.push_back(free_.front());
+        free_.erase(free_.begin());
+      }
+    }
+    if (g.refusal == Refusal::none) g.free = free_.size() * settings_.unit;
+  }
+  g.count = static_cast<uint32_t>(exported.size());
+  const bool sent = fds::send(fd, &g, sizeof g, exported);
+  fds::close_all(exported);
+  return sent;  // a grant that did not arrive: the connection goes, and its units come back
+}
+
+void Server::drop(int fd) {
+  std::lock_guard lock(mutex_);
+  auto it = lent_.find(fd);
+  if (it == lent_.end()) return;
+  free_.insert(free_.end(), it->second.begin(), it->second.end());
+  lent_.erase(it);
+  close(fd);
+}
+
+}  // namespace gmem::ipc::host_pool

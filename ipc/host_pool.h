@@ -1,0 +1,115 @@
+// Host memory pinned ahead of any job: gmemd --host-pool pins host chunks of
+// one unit size once, and lends them to jobs under gmem as POSIX fds over a
+// unix socket. Pinning costs seconds per tens of GB (docs/results.md, "Pinning
+// speed"); a job that imports chunks already pinned takes them at about 90
+// GB/s, so its first spilled step no longer pays for pinning.
+//
+// A job asks for units of its own host_chunk size at its device's host
+// location (SOCK_SEQPACKET, fixed-size messages); the pool answers with as
+// many as it has free, up to what was asked (at most fds::max_per_message),
+// and how much it has left. Asking for none asks only how much is free (the
+// location is not looked at): a job counts that as host memory available.
+// What a job was lent stays its own until its connection closes (at its exit,
+// whatever the cause), then serves the next job: a lent unit is never given to
+// two connections at once. Only processes of gmemd's own user are served (root's
+// gmemd serves root only): a unit holds the bytes its last job left in it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/fd_passing.h"
+#include "vmm/memory.h"
+
+namespace gmem::ipc::host_pool {
+
+constexpr uint32_t magic = 0x50484447;  // "GDHP"
+constexpr uint16_t version = 1;
+
+struct Request {
+  uint32_t magic = host_pool::magic;
+  uint16_t version = host_pool::version;
+  uint8_t kind = 0;         // vmm::Location::Kind of the host memory wanted
+  uint8_t reserved = 0;
+  int32_t location_id = 0;  // its NUMA node
+  uint32_t count = 0;       // units wanted
+  uint64_t unit = 0;        // bytes per unit (the job's host_chunk)
+};
+
+enum class Refusal : uint16_t {
+  none = 0,
+  other_unit = 1,      // the pool's units are `unit` bytes
+  other_location = 2,  // the pool pins elsewhere (another NUMA node)
+};
+
+struct Grant {
+  uint32_t magic = host_pool::magic;
+  uint16_t version = host_pool::version;
+  Refusal refusal = Refusal::none;
+  uint32_t count = 0;  // units lent by this message: one fd each
+  uint32_t reserved = 0;
+  uint64_t unit = 0;   // the pool's unit
+  uint64_t free = 0;   // bytes the pool has left to lend after this
+};
+
+// $XDG_RUNTIME_DIR/gmem/host-pool.sock (/run/gmem/host-pool.sock for root,
+// /tmp/gmem-UID/host-pool.sock without XDG_RUNTIME_DIR).
+inline std::string default_socket_path() { return fds::runtime_path("host-pool.sock"); }
+
+// The pool, in gmemd: threads pin it, one thread serves it.
+class Server {
+ public:
+  struct Settings {
+    std::string socket;
+    std::size_t bytes = 0;                 // pinned in all, in whole units
+    std::size_t unit = std::size_t{256} << 20;
+    unsigned threads = 2;                  // pinning at once (two pin about 1.5x as fast as one)
+    int device = 0;                        // whose host NUMA node holds the memory
+    std::function<void(const std::string&)> say;  // progress and failures, a line each
+  };
+  // Listens and starts pinning; nullptr with `problem` set when it cannot
+  // (no host location for the device, a unit not of the host's granularity,
+  // the socket). `driver` must outlive the server, cuInit done.
+  static std::unique_ptr<Server> start(const vmm::Driver& driver, Settings settings, std::string* problem);
+  ~Server();  // stops; units still lent live on in the jobs that imported them
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  struct Figures {
+    std::size_t pinned = 0, lent = 0;  // bytes
+    std::size_t borrowers = 0;         // connections holding units
+  };
+  Figures figures() const;
+
+ private:
+  Server(const vmm::Driver& driver, Settings settings, vmm::Location where, int listen_fd, int stop_fd);
+  void pin();
+  void serve();
+  void accept_one();
+  // False: drop the connection.
+  bool answer(int fd, const Request& r);
+  void drop(int fd);
+
+  const vmm::Driver& driver_;
+  const Settings settings_;
+  const vmm::Location where_;
+  const int listen_, stop_;
+  mutable std::mutex mutex_;
+  std::deque<vmm::Chunk> units_;             // every unit pinned (stable addresses)
+  std::vector<std::size_t> free_;            // indexes into units_ not lent
+  std::map<int, std::vector<std::size_t>> lent_;  // connection -> units it holds
+  std::size_t claimed_ = 0;                  // bytes pinned or being pinned
+  bool stopping_ = false, failed_ = false;
+  std::vector<std::thread> pinners_;
+  std::thread server_;
+};
+
+}  // namespace gmem::ipc::host_pool

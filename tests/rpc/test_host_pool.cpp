@@ -1,0 +1,127 @@
+// gmemd's host pool (ipc/host_pool.h) on the emulated driver: its protocol
+// spoken directly (what is lent, to whom, and when it comes back), and jobs
+// under the shim that spill into units it pinned before they started.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <regex>
+
+#include "gmemd_fixture.h"
+#include "ipc/fd_passing.h"
+#include "ipc/host_pool.h"
+
+namespace {
+
+using namespace gmem::test;
+namespace hp = gmem::ipc::host_pool;
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+constexpr std::size_t unit = 16 * mib;
+
+class HostPool : public Gmemd {
+ protected:
+  void SetUp() override {
+    Gmemd::SetUp();
+    pool_socket_ = root_ + "/host-pool.sock";
+    pool_log_ = root_ + "/pool.log";
+  }
+  void TearDown() override {
+    if (pool_) {
+      EXPECT_EQ(pool_->stop(SIGTERM), 0) << slurp(pool_log_);
+      EXPECT_FALSE(fs::exists(pool_socket_)) << "the host pool leaves no socket behind";
+    }
+    Gmemd::TearDown();
+  }
+  // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in 16 MiB units.
+  void start_pool(const std::string& bytes) {
+    pool_ = start_daemon(root_ + "/gmemd-pool.sock", stats_, pool_log_,
+                         {"--host-pool", bytes, "--host-pool-unit", "16M", "--host-pool-socket", pool_socket_},
+                         {"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH});
+    ASSERT_TRUE(eventually([&] { return slurp(pool_log_).find(" pinned in ") != std::string::npos; }))
+        << slurp(pool_log_);
+  }
+  // Asks on `socket` for `count` units of `size` at NUMA node `node`; the fds lent (closed here).
+  static hp::Grant ask(int socket, uint32_t count, std::size_t size = unit, int node = 0) {
+    hp::Request r;
+    r.kind = 1;  // vmm::Location::Kind::host_numa
+    r.location_id = node;
+    r.count = count;
+    r.unit = size;
+    hp::Grant g;
+    std::vector<int> fds;
+    EXPECT_TRUE(gmem::fds::send(socket, &r, sizeof r, {}));
+    EXPECT_TRUE(gmem::fds::receive(socket, &g, sizeof g, &fds, 5000));
+    EXPECT_EQ(fds.size(), g.count);
+    gmem::fds::close_all(fds);
+    return g;
+  }
+  // The spill program under the shim on a 96 MiB emulated device: 40 MiB
+  // filled within a 48 MiB budget, then a 40 MiB allocation of which 32 MiB
+  // spill to the host, in host_chunk units.
+  Finished spill(const std::string& host_chunk) {
+    return run_command({GMEM_SPILL, "40", "8", "40"},
+                       {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_DEVICE_MEMORY=96M",
+                        "GMEM_CONF=pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:0,host_budget:256M,"
+                        "host_prepare:0,stats:0,host_chunk:" + host_chunk + ",host_pool_socket:" + pool_socket_});
+  }
+
+  std::string pool_socket_, pool_log_;
+  std::unique_ptr<Background> pool_;
+};
+
+TEST_F(HostPool, LendsEachUnitToOneConnectionUntilItCloses) {
+  start_pool("32M");
+  int a = gmem::fds::connect_to(pool_socket_), b = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(ask(a, 1).count, 1u);
+  EXPECT_EQ(ask(b, 16).count, 1u) << "the one unit left";
+  EXPECT_EQ(ask(b, 16).count, 0u) << "none left";
+  // Another unit size or node is refused, naming the pool's unit.
+  hp::Grant other = ask(b, 1, 8 * mib);
+  EXPECT_EQ(other.refusal, hp::Refusal::other_unit);
+  EXPECT_EQ(other.unit, unit);
+  EXPECT_EQ(ask(b, 1, unit, 7).refusal, hp::Refusal::other_location);
+  // A's unit comes back when A's connection closes, and only then.
+  close(a);
+  EXPECT_TRUE(eventually([&] { return ask(b, 1).count == 1; }));
+  close(b);
+}
+
+TEST_F(HostPool, JobsSpillIntoUnitsPinnedBeforeTheyStartedAndGiveThemBackAtExit) {
+  start_pool("32M");
+  // Both units, twice: the first job's came back when it exited.
+  for (int job = 0; job < 2; ++job) {
+    Finished run = spill("16M");
+    EXPECT_EQ(run.status, 0) << run.out << run.err;
+    EXPECT_NE(run.out.find("on device 8 MiB, peer 0 MiB, host 32 MiB"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+    EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2\n"), std::string::npos) << run.err;
+  }
+}
+
+TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
+  start_pool("32M");
+  Finished run = spill("8M");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_EQ(run.err.find("host-pool borrowed"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("spilled_made=4 "), std::string::npos) << "four 8 MiB chunks of its own: " << run.err;
+}
+
+TEST_F(HostPool, WithoutADriverOrWithABadUnitGmemdSaysWhyAndStops) {
+  Finished no_driver = run_command({"env", "GMEM_REAL_LIBCUDA=/nonexistent/libcuda.so.1", gmemd, "--socket",
+                                    root_ + "/g2.sock", "--stats-dir", stats_, "--host-pool", "1G", "--host-pool-socket",
+                                    pool_socket_});
+  EXPECT_EQ(no_driver.status, 1);
+  EXPECT_NE(no_driver.err.find("--host-pool needs the CUDA driver"), std::string::npos) << no_driver.err;
+  Finished odd_unit = run_command({"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, gmemd, "--socket", root_ + "/g2.sock",
+                                   "--stats-dir", stats_, "--host-pool", "1G", "--host-pool-unit", "3000000",
+                                   "--host-pool-socket", pool_socket_});
+  EXPECT_EQ(odd_unit.status, 1);
+  EXPECT_NE(odd_unit.err.find("must be a multiple of the host's granularity"), std::string::npos) << odd_unit.err;
+  EXPECT_FALSE(fs::exists(pool_socket_));
+}
+
+}  // namespace
