@@ -83,7 +83,6 @@ std::size_t HostLease::lendable(std::size_t size) {
 bool HostLease::ask(vmm::Location where, std::size_t size) {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_ask_) return false;
-  next_ask_ = now + ask_again_after;
   host_pool::Request r;
   r.kind = static_cast<uint8_t>(where.kind);
   r.location_id = where.id;
@@ -91,7 +90,10 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
   r.unit = size;
   host_pool::Grant g;
   std::vector<int> received;
-  if (!exchange(r, &g, &received)) return false;
+  if (!exchange(r, &g, &received)) {
+    next_ask_ = now + ask_again_after;
+    return false;
+  }
   if (g.refusal != host_pool::Refusal::none) {
     if (g.refusal == host_pool::Refusal::other_unit) {
       log().info("host pool on {}: gmemd lends units of {} MiB, this job pins {} MiB ones; it pins its own (set "
@@ -104,7 +106,10 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
     off_ = true;
     return false;
   }
-  if (received.empty()) return false;
+  if (received.empty()) {
+    next_ask_ = now + ask_again_after;
+    return false;
+  }
   fds_ = std::move(received);
   fds_size_ = size;
   fds_where_ = where;

@@ -33,10 +33,10 @@ class HostPool : public Gmemd {
     }
     Gmemd::TearDown();
   }
-  // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in 16 MiB units.
-  void start_pool(const std::string& bytes) {
+  // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in units of `unit_size`.
+  void start_pool(const std::string& bytes, const std::string& unit_size = "16M") {
     pool_ = start_daemon(root_ + "/gmemd-pool.sock", stats_, pool_log_,
-                         {"--host-pool", bytes, "--host-pool-unit", "16M", "--host-pool-socket", pool_socket_},
+                         {"--host-pool", bytes, "--host-pool-unit", unit_size, "--host-pool-socket", pool_socket_},
                          {"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH});
     ASSERT_TRUE(eventually([&] { return slurp(pool_log_).find(" pinned in ") != std::string::npos; }))
         << slurp(pool_log_);
@@ -57,10 +57,10 @@ class HostPool : public Gmemd {
     return g;
   }
   // The spill program under the shim on a 96 MiB emulated device: 40 MiB
-  // filled within a 48 MiB budget, then a 40 MiB allocation of which 32 MiB
-  // spill to the host, in host_chunk units.
-  Finished spill(const std::string& host_chunk) {
-    return run_command({GMEM_SPILL, "40", "8", "40"},
+  // filled within a 48 MiB budget, then an allocation of `span` MiB of which
+  // all but 8 MiB spill to the host, in host_chunk units.
+  Finished spill(const std::string& host_chunk, const std::string& span = "40") {
+    return run_command({GMEM_SPILL, "40", "8", span},
                        {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_DEVICE_MEMORY=96M",
                         "GMEM_CONF=pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:0,host_budget:256M,"
                         "host_prepare:0,stats:0,host_chunk:" + host_chunk + ",host_pool_socket:" + pool_socket_});
@@ -99,6 +99,16 @@ TEST_F(HostPool, JobsSpillIntoUnitsPinnedBeforeTheyStartedAndGiveThemBackAtExit)
     EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
     EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2\n"), std::string::npos) << run.err;
   }
+}
+
+TEST_F(HostPool, AJobBorrowsAsManyUnitsAsItSpillsBeforePinningAny) {
+  // 20 units of 2 MiB: more than one ask lends (16), asked one right after the other.
+  start_pool("64M", "2M");
+  Finished run = spill("2M", "48");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("on device 8 MiB, peer 0 MiB, host 40 MiB"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=41943040 units=20\n"), std::string::npos) << run.err;
 }
 
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
