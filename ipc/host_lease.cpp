@@ -30,8 +30,8 @@ HostLease::~HostLease() {
 bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer) {
   std::lock_guard lock(mutex_);
   // A forked child borrows nothing: what was lent is its parent's.
-  if (off_ || (pid_ && pid_ != getpid())) return false;
-  if (!fds_.empty() && (fds_size_ != size || !(fds_where_ == where))) return false;
+  if (off_ || (pid_ && pid_ != getpid()) || (pool_unit_ && size != pool_unit_)) return false;
+  if (!fds_.empty() && !(fds_where_ == where)) return false;
   if (fds_.empty() && !ask(where, size)) return false;
   const int fd = fds_.back();
   fds_.pop_back();
@@ -94,24 +94,24 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
     next_ask_ = now + ask_again_after;
     return false;
   }
-  if (g.refusal != host_pool::Refusal::none) {
-    if (g.refusal == host_pool::Refusal::other_unit) {
-      log().info("host pool on {}: gmemd lends units of {} MiB, this job pins {} MiB ones; it pins its own (set "
-                 "host_chunk:{}M, or start gmemd with --host-pool-unit {}M)",
-                 socket_path_, g.unit >> 20, size >> 20, g.unit >> 20, size >> 20);
-    } else {
-      log().info("host pool on {}: gmemd pins on another NUMA node than this job's device ({}); it pins its own",
-                 socket_path_, where.id);
-    }
+  if (g.refusal == host_pool::Refusal::other_location) {
+    log().info("host pool on {}: gmemd pins on another NUMA node than this job's device ({}); it pins its own",
+               socket_path_, where.id);
     off_ = true;
     return false;
   }
+  // Only chunks of the pool's unit are borrowed (a spill's smaller tail is not).
+  if (!pool_unit_) {
+    pool_unit_ = g.unit;
+    log().info("host pool on {} lends units of {} MiB; host chunks of other sizes are pinned by this job (its "
+               "unit is host_chunk)", socket_path_, g.unit >> 20);
+  }
+  if (g.refusal == host_pool::Refusal::other_unit) return false;
   if (received.empty()) {
     next_ask_ = now + ask_again_after;
     return false;
   }
   fds_ = std::move(received);
-  fds_size_ = size;
   fds_where_ = where;
   return true;
 }

@@ -52,10 +52,10 @@ class HostLease {
   std::mutex mutex_;
   int socket_ = -1;
   pid_t pid_ = 0;  // the process that connected
-  bool off_ = false;  // gmemd lends other units or elsewhere: never again
+  bool off_ = false;           // gmemd lends elsewhere: never again
+  std::size_t pool_unit_ = 0;  // the size gmemd lends (0: not known yet)
   std::chrono::steady_clock::time_point next_ask_{};
-  std::vector<int> fds_;  // lent, not yet imported: units of fds_size_ at fds_where_
-  std::size_t fds_size_ = 0;
+  std::vector<int> fds_;  // lent, not yet imported: units of pool_unit_ at fds_where_
   vmm::Location fds_where_;
   std::atomic<std::size_t> borrowed_{0}, units_{0};
 };

@@ -111,6 +111,20 @@ TEST_F(HostPool, AJobBorrowsAsManyUnitsAsItSpillsBeforePinningAny) {
   EXPECT_NE(run.err.find("gmem: report host-pool borrowed=41943040 units=20\n"), std::string::npos) << run.err;
 }
 
+TEST_F(HostPool, ASpillSmallerThanAUnitFirstDoesNotKeepTheJobFromBorrowing) {
+  start_pool("64M");
+  // Within a 36 MiB device budget the fill's last block spills 4 MiB (pinned
+  // by the job: not a unit); the big allocation's 40 MiB then borrow 2 units.
+  Finished run = run_command({GMEM_SPILL, "40", "8", "40"},
+                             {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH,
+                              "GMEM_EMU_DEVICE_MEMORY=96M",
+                              "GMEM_CONF=pool:vmm,report:1,device_budget:36M,device_reserve:0,peer_budget:0,"
+                              "host_budget:256M,host_prepare:0,stats:0,host_chunk:16M,host_pool_socket:" + pool_socket_});
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2\n"), std::string::npos) << run.err;
+}
+
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
   start_pool("32M");
   Finished run = spill("8M");
