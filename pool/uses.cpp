@@ -41,7 +41,8 @@ Uses::Request Uses::request(int device, std::size_t size) {
   return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
 }
 
-bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns) {
+bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
+                  const Work& work) {
   AccessRecord* r = request.kind ? table_->find(base) : nullptr;
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
@@ -58,16 +59,21 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   if (used + d.peak_used / 64 < d.peak_used) return false;
   if (d.armed) {
     d.armed = false;
-    stepped(d, now_ns);
+    stepped(d, now_ns, work);
   }
   if (used < d.peak_used) return false;
   d.peak_used = used;
   return true;
 }
 
-void Uses::stepped(Device& d, int64_t now_ns) {
+void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
   d.step_ns = now_ns;
+  d.last_step = {.misses = work.misses - d.at_step.misses,
+                 .maps = work.maps - d.at_step.maps,
+                 .driver_ns = work.driver_ns - d.at_step.driver_ns};
+  d.at_step = work;
+  d.last_step_ns = step;
   if (!step) return;
   switch (d.trial) {
     case Trial::ordered:
@@ -203,14 +209,16 @@ std::string Uses::report(std::size_t most) const {
 std::string Uses::report_plan(std::size_t most) const {
   std::lock_guard lock(mutex_);
   std::string out;
-  char buf[256];
+  char buf[384];
   for (const auto& [device, d] : devices_) {
     static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
-             "planned_step_ms=%.1f\n",
+             "planned_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "
+             "last_step_misses=%llu\n",
              device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
-             double(d.planned_ns) / 1e6);
+             double(d.planned_ns) / 1e6, double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
+             static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses));
     out += buf;
   }
   std::vector<const Kind*> alive;

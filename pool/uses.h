@@ -34,6 +34,7 @@
 #include <unordered_map>
 
 #include "pool/access.h"
+#include "pool/book.h"
 
 namespace gmem::pool {
 
@@ -67,10 +68,12 @@ class Uses {
   };
   Request request(int device, std::size_t size);
   // `request` was served at `base` (followed if a range starts there) at
-  // `now_ns` (steady clock); the pool's use on its device is now `used`. True
-  // if that is its peak so far while the device spills: the pool then tells
-  // peak() what room the device has.
-  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns);
+  // `now_ns` (steady clock), with `work` the pool's work on the device so far;
+  // the pool's use on its device is now `used`. True if that is its peak so
+  // far while the device spills: the pool then tells peak() what room the
+  // device has.
+  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
+              const Work& work = {});
   // At the peak: the device could still have given `room` bytes (driver and
   // pool free): the kinds alive now, and the bytes the device lacked.
   void peak(int device, std::size_t room);
@@ -112,10 +115,13 @@ class Uses {
     int steps = 0;           // steps timed in this phase of the trial
     int64_t ordered_ns = 0;  // the shortest step in the order requested
     int64_t planned_ns = 0;  // the step with the plan
+    Work at_step;            // the pool's work when the last step reached its peak
+    int64_t last_step_ns = 0;
+    Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
   };
-  // One step reached its peak at `now_ns`: the trial goes on.
-  static void stepped(Device& d, int64_t now_ns);
+  // One step reached its peak at `now_ns`, the pool's work then `work`: the trial goes on.
+  static void stepped(Device& d, int64_t now_ns, const Work& work);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;

@@ -90,7 +90,8 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // A job on device 0 (which spills), one step at a time: A (128 MiB, one
 // launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
 // one launch) is a temporary made after B is freed. B's range lies in host
-// memory. At each peak the device had `room` bytes left.
+// memory. At each peak the device had `room` bytes left. Each step asks the
+// driver for 3 maps and 2 ranges (misses) in 7 ms of its calls.
 class Job {
  public:
   explicit Job(bool place, std::size_t room) : uses_(&table_, place), room_(room) {
@@ -104,7 +105,7 @@ class Job {
     auto serve_at = [&](CUdeviceptr at, std::size_t size, std::size_t used) {
       const Uses::Request r = uses_.request(0, size);
       off.push_back(r.off_device);
-      if (uses_.served(at, r, used, true, now_)) uses_.peak(0, room_);
+      if (uses_.served(at, r, used, true, now_, work_)) uses_.peak(0, room_);
     };
     serve_at(a, 128 * mib, 128 * mib);
     launch(table_, a);
@@ -116,6 +117,9 @@ class Job {
     uses_.freed(t, 256 * mib);
     uses_.freed(a, 128 * mib);
     now_ += step_ns;
+    work_.maps += 3;
+    work_.misses += 2;
+    work_.driver_ns += 7'000'000;
     return off;
   }
   Uses& uses() { return uses_; }
@@ -126,6 +130,7 @@ class Job {
   Uses uses_;
   const std::size_t room_;
   int64_t now_ = 0;
+  Work work_;
 };
 
 using Off = std::vector<std::size_t>;
@@ -153,6 +158,15 @@ TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasse
   Job figures_only(false, 64 * mib);
   for (int i = 0; i < ordered_steps; ++i) figures_only.step();
   EXPECT_EQ(figures_only.step(), (Off{0, 0, 0}));
+}
+
+TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
+  Job job(true, 64 * mib);
+  for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
+  EXPECT_NE(job.uses().report().find(" last_step_ms=80.0 last_step_driver_ms=7.0 last_step_maps=3 "
+                                     "last_step_misses=2\n"),
+            std::string::npos)
+      << job.uses().report();
 }
 
 TEST(Uses, NothingGoesOffTheDeviceWhileItHadRoomAtThePeak) {
