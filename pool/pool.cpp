@@ -67,8 +67,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
   const Uses::Request use = uses_.request(a.device, a.size);
-  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device,
-                                {use.last_base, use.placement});
+  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
     const Split spilled = tiers_->split(block.base, block.size);

@@ -119,42 +119,27 @@ bool Ranges::ready(const Range& range, StreamId stream) {
                      [&](Piece* p) { return !p->holder && order_.ready(p->pending, stream); });
 }
 
-namespace {
-
-bool placed(const Range& r, OffDevice off) {
-  if (off.most == SIZE_MAX && off.least == 0) return true;
-  const std::size_t spilled = r.spilled_bytes();
-  return spilled >= off.least && spilled <= off.most;
-}
-
-}  // namespace
-
 Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off) {
+  auto placed = [&](const Range& r) {
+    if (off.most == SIZE_MAX && off.least == 0) return true;
+    const std::size_t spilled = r.spilled_bytes();
+    return spilled >= off.least && spilled <= off.most;
+  };
   CachedRanges& cached = cached_[device];
   auto best = cached.end();
   for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most; ++it) {
     if (best != cached.end() && it->first != best->first) break;
-    if ((best == cached.end() || it->second->id < best->second->id) && placed(*it->second, off) &&
+    if ((best == cached.end() || it->second->id < best->second->id) && placed(*it->second) &&
         ready(*it->second, stream)) {
       best = it;
     }
   }
-  return best == cached.end() ? nullptr : take(*best->second);
-}
-
-Range* Ranges::take_cached_at(CUdeviceptr base, int device, std::size_t rounded, std::size_t most, StreamId stream,
-                              OffDevice off, uint32_t placement) {
-  Range* r = at(base);
-  const bool fits = r && r->device == device && !r->class_size && !r->live && r->va.size() >= rounded &&
-                    r->va.size() <= most && r->placement == placement && placed(*r, off) && ready(*r, stream);
-  return fits ? take(*r) : nullptr;
-}
-
-Range* Ranges::take(Range& range) {
-  cached_[range.device].erase(range.cached_entry);
-  order_.settle(range.last_free);
-  for (Piece* p : range.pieces) pieces_.hold(*p, &range);
-  return &range;
+  if (best == cached.end()) return nullptr;
+  Range* range = best->second;
+  cached.erase(best);
+  order_.settle(range->last_free);
+  for (Piece* p : range->pieces) pieces_.hold(*p, range);
+  return range;
 }
 
 bool Ranges::droppable(Piece& piece, bool wait) {

@@ -45,7 +45,6 @@ struct Range {
   std::size_t live = 0;        // blocks in use
   uint64_t id = 0;             // ranges made before it have lower ones
   uint64_t last_use = 0;       // whole ranges: when last handed out
-  uint32_t placement = 0;      // whole ranges: the plan their last request was placed under (PreferRange)
   // Dedup: the chunks of a copy shared with other processes, mapped
   // read-only instead of `pieces` (which stay held if they are the same memory).
   std::vector<vmm::Chunk> shared;
@@ -90,10 +89,6 @@ class Ranges {
   // are within `off`, the oldest of the smallest size, taken out of the
   // cache with its chunks held; null if none.
   Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off);
-  // The cached range at `base`, if it fits as take_cached asks, was last
-  // handed out under `placement`, and is ready on `stream`.
-  Range* take_cached_at(CUdeviceptr base, int device, std::size_t rounded, std::size_t most, StreamId stream,
-                        OffDevice off, uint32_t placement);
   bool ready(const Range& range, StreamId stream);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the
@@ -114,8 +109,6 @@ class Ranges {
   }
 
  private:
-  // A cached range out of the cache, its chunks held.
-  Range* take(Range& range);
   // Ranges one chunk may be mapped in at once; beyond, the least recently
   // used free one is unmapped.
   static constexpr std::size_t max_ranges_per_piece = 32;

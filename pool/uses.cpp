@@ -38,8 +38,7 @@ Uses::Request Uses::request(int device, std::size_t size) {
   k.size = size;
   k.last_request = ++requests_;
   if (d.replan && d.planning()) plan(device);
-  return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0, k.last_base,
-          d.placement};
+  return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
 }
 
 bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
@@ -53,9 +52,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
     --kinds_[it->second.kind].live;
     it->second = Live{request.kind, request.device};
   }
-  Kind& k = kinds_[request.kind];
-  ++k.live;
-  k.last_base = base;
+  ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
   if (used < d.peak_used / 2) d.armed = true;
@@ -85,14 +82,12 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
         d.trial = Trial::planned;
         d.steps = 0;
         d.replan = true;
-        ++d.placement;
       }
       break;
     case Trial::planned:
       if (++d.steps == 2) {  // the first step with the plan settles it
         d.planned_ns = step;
         d.trial = step * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
-        if (d.trial == Trial::dropped) ++d.placement;
       }
       break;
     case Trial::kept:

@@ -60,15 +60,11 @@ class Uses {
   };
 
   // A request before it is served: its kind, and the bytes of it to place
-  // off the device (0: the device first); the range its kind was served last,
-  // and the plan in force (a new one with each step of the trial that puts a
-  // plan in force or takes it back).
+  // off the device (0: the device first).
   struct Request {
     uint64_t kind = 0;  // 0: not followed
     int device = -1;
     std::size_t off_device = 0;
-    CUdeviceptr last_base = 0;
-    uint32_t placement = 0;
   };
   Request request(int device, std::size_t size);
   // `request` was served at `base` (followed if a range starts there) at
@@ -100,7 +96,6 @@ class Uses {
     Figures figures;
     uint32_t live = 0, at_peak = 0;
     double off_device = 0;  // the share of each allocation placed off the device
-    CUdeviceptr last_base = 0;  // where it was served last
   };
   struct Live {
     uint64_t kind;
@@ -120,7 +115,6 @@ class Uses {
     int steps = 0;           // steps timed in this phase of the trial
     int64_t ordered_ns = 0;  // the shortest step in the order requested
     int64_t planned_ns = 0;  // the step with the plan
-    uint32_t placement = 0;  // the plan in force: one more at each change
     Work at_step;            // the pool's work when the last step reached its peak
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver

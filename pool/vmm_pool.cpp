@@ -56,7 +56,7 @@ void VmmPool::complete_pending_frees() {
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
-                        bool quiet, std::size_t off_device, PreferRange prefer) {
+                        bool quiet, std::size_t off_device) {
   if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
   order_.set_quiet(quiet);
@@ -76,14 +76,14 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     if (slabs_.take(class_size, device, stream, &range, &index)) {
       ++b.work.hits;
     } else {
-      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, {}, &range);
+      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, &range);
       if (status == CUDA_SUCCESS) slabs_.add(*range, class_size);
     }
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
     const std::size_t rounded = round_up(size, b.granularity);
     off_device = tiers_ ? std::min(round_up(off_device, b.granularity), rounded) : 0;
-    status = take_range(rounded, device, stream, off_device, prefer, &range);
+    status = take_range(rounded, device, stream, off_device, &range);
     if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->pieces.size())};
     if (range) range->live = 1;
   }
@@ -113,7 +113,7 @@ std::size_t VmmPool::device_room(int device) {
 }
 
 CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device,
-                             PreferRange prefer, Range** range) {
+                             Range** range) {
   Book& b = books_[device];
   // A cached range this stream may use that fits with at most 1/16 (or one
   // granule) to spare. Of the smallest size there is, the oldest range.
@@ -131,14 +131,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
                              off_device + std::min(off_device, tiers_->host_chunk(device, off_device)) + rounded / 16}
       : spills   ? OffDevice::none()
                  : OffDevice::any();
-  // The range the request's kind had last step, placed as it was then (with
-  // `off_device`, about so): in the order requested, a spilled range the
-  // device could not hold all of then, although the pool's free device
-  // chunks, kept for requests later in the step, could make it now.
-  Range* r = prefer.base ? ranges_.take_cached_at(prefer.base, device, rounded, most, stream,
-                                                  off_device ? off : OffDevice::any(), prefer.placement)
-                         : nullptr;
-  if (!r) r = ranges_.take_cached(device, rounded, most, stream, off);
+  Range* r = ranges_.take_cached(device, rounded, most, stream, off);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
   // (once their frees have completed), and may serve.
   if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, true)) {
@@ -158,7 +151,6 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     r->blocks.resize(1);
   }
   r->last_use = ++clock_;
-  r->placement = prefer.placement;
   *range = r;
   return CUDA_SUCCESS;
 }

@@ -32,14 +32,6 @@ class SpillObserver {
   ~SpillObserver() = default;
 };
 
-// The range a whole-range request's kind had last (pool/uses.h: a step
-// repeats its requests) and the plan it was placed under: with it a repeating
-// job's steps reuse their ranges as they were, remapping nothing.
-struct PreferRange {
-  CUdeviceptr base = 0;
-  uint32_t placement = 0;
-};
-
 class VmmPool {
  public:
   // `headroom`: how much more than its peak use, as a fraction of it, the pool
@@ -54,10 +46,8 @@ class VmmPool {
   // wait for the device could disturb; only memory known free is reused.
   // `off_device`: the bytes of a whole-range request to place off the device
   // (pool/uses.h), in a peer's or the host's memory, as far as they have room.
-  // `prefer`: the range the request's kind had last (PreferRange), taken
-  // before any other if it is cached, fits, and was placed under the same plan.
   CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet,
-                 std::size_t off_device = 0, PreferRange prefer = {});
+                 std::size_t off_device = 0);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
   // `captured`: the free is part of a graph capture, so it happens whenever the
@@ -167,9 +157,8 @@ class VmmPool {
   // the device is full, and a new range takes the device's free chunks and
   // new device memory before spilled free chunks and new spills. With
   // `off_device`, a cached range with about that many spilled bytes, else a
-  // new one with them. `prefer`'s range before all.
-  CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, PreferRange prefer,
-                      Range** range);
+  // new one with them.
+  CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, Range** range);
   std::size_t free_device_bytes(int device);  // in free chunks
   // The live block `index` of `range` is free once `pending` completes.
   void release(Range& range, std::size_t index, const Pending& pending);

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <string>
 
 #include "own_stats.h"
@@ -86,6 +87,7 @@ class Place : public Access {
  protected:
   Place() { two_allocations_ = false; }
 };
+using Repeat = Place;  // a process of its own: its steps start the trial afresh
 
 // Two addresses in the spilled range count it once; the device range adds a
 // launch's reference but no host bytes.
@@ -247,6 +249,47 @@ TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
     const Step s = step();
     EXPECT_EQ(s.a_host, 64 * mib) << "step " << i;
     EXPECT_EQ(s.b_host, 0u) << "step " << i;
+  }
+}
+
+// A step as a model's: each of four layers saves a 96 MiB activation (the
+// same kind four times: same size, same requests before it) beside a 64 MiB
+// temporary; backward frees them in reverse, each beside a 96 MiB gradient.
+// Past the 256 MiB device budget the later layers spill. From the second step
+// on, every request gets the range it had the step before, placed as before.
+TEST_F(Repeat, EachStepGetsTheRangesOfTheStepBeforePlacedAsTheyWere) {
+  struct Served {
+    CUdeviceptr at;
+    std::size_t host;
+    bool operator==(const Served&) const = default;
+  };
+  auto step = [&] {
+    std::vector<Served> served;
+    auto alloc = [&](std::size_t size) {
+      CUdeviceptr p = 0;
+      EXPECT_EQ(cuMemAlloc_v2(&p, size), CUDA_SUCCESS);
+      served.push_back({p, OwnStats().placement(p).host_bytes});
+      return p;
+    };
+    std::vector<CUdeviceptr> saved;
+    for (int layer = 0; layer < 4; ++layer) {
+      saved.push_back(alloc(96 * mib));
+      EXPECT_EQ(cuMemFree_v2(alloc(64 * mib)), CUDA_SUCCESS);
+    }
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      const CUdeviceptr grad = alloc(96 * mib);
+      EXPECT_EQ(cuMemFree_v2(*it), CUDA_SUCCESS);
+      EXPECT_EQ(cuMemFree_v2(grad), CUDA_SUCCESS);
+    }
+    return served;
+  };
+  // (The fourth step's peak starts the plan's trial: the steps before are compared.)
+  const std::vector<Served> first = step();
+  ASSERT_GT(first[6].host, 0u) << "the fourth layer's activation should spill";
+  const std::vector<Served> second = step(), third = step();
+  for (std::size_t r = 0; r < third.size(); ++r) {
+    EXPECT_EQ(third[r].at, second[r].at) << "request " << r;
+    EXPECT_EQ(third[r].host, second[r].host) << "request " << r;
   }
 }
 
