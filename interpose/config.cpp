@@ -99,8 +99,8 @@ bool parse_value(std::string_view text, config_type::path& out, std::string& exp
   return true;
 }
 
-bool parse_value(std::string_view text, config_type::socket& out, std::string& expected) {
-  expected = "an absolute path, or nothing for the default";
+bool parse_value(std::string_view text, config_type::optional_path& out, std::string& expected) {
+  expected = "an absolute path, or nothing";
   if (!text.empty() && text.front() != '/') return false;
   out.path = text;
   return true;

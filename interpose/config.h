@@ -20,9 +20,12 @@ using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
 using millis = std::chrono::milliseconds;
-struct socket {
-  std::string path;  // empty: the default place
+// An absolute path, or empty: the default place (socket), nothing (file).
+struct optional_path {
+  std::string path;
 };
+using socket = optional_path;
+using file = optional_path;
 }  // namespace config_type
 
 struct Config {

@@ -106,6 +106,18 @@ void start_host_lease(Runtime& rt) {
        [lease](std::size_t size) { return lease->lendable(size); }});
 }
 
+// The VMM pool's requests go to an allocation trace; a file that cannot be
+// written is said, and the job runs without it.
+void start_trace(Runtime& rt) {
+  std::string error;
+  std::unique_ptr<pool::TraceRecorder> trace = pool::TraceRecorder::open(rt.config.trace.path, &error);
+  if (!trace) {
+    log().error("trace: {}; no allocation trace is written", error);
+    return;
+  }
+  rt.pool->record_trace(std::move(trace));
+}
+
 // Any process under gmem opens gmem's handles; one with the VMM pool exports
 // its memory with them (told of frees after dedup, which may refuse one).
 void start_ipc(Runtime& rt) {
@@ -156,6 +168,7 @@ void initialise() {
         rt->pool->veto_spills(&torch_retry);
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);
+      if (use_vmm && !rt->config.trace.path.empty()) start_trace(*rt);
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

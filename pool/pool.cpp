@@ -40,7 +40,10 @@ void Pool::publish_uuid(int device) const {
 template <typename FreeCall>
 CUresult Pool::free_tracked(Registry& registry, uint64_t key, FreeCall&& free_call) {
   std::optional<Allocation> held = registry.take(key);
-  if (held && held->pooled && held->references == 1) uses_.freed(key, held->size);  // before its range goes
+  if (held && held->pooled && held->references == 1) {  // before its range goes
+    uses_.freed(key, held->size);
+    if (trace_) trace_->freed(key);
+  }
   if (held && held->references > 1) {
     Allocation rest = *held;
     --rest.references;
@@ -89,6 +92,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   a.physical = block.physical;
   a.chunks = block.chunks;
   allocations_.insert(a);
+  if (trace_) trace_->allocated(block.base, a.size, stream, use.off_device);
   return CUDA_SUCCESS;
 }
 

@@ -16,6 +16,7 @@
 #include "pool/access.h"
 #include "pool/mover.h"
 #include "pool/registry.h"
+#include "pool/trace_recorder.h"
 #include "pool/uses.h"
 #include "pool/vmm_pool.h"
 #include "vmm/driver.h"
@@ -156,6 +157,8 @@ class Pool {
   void describe_elsewhere(MappedElsewhere* mapped) { elsewhere_ = mapped; }
   // Who may refuse spilled memory to cuMemAlloc (set once, before use).
   void veto_spills(SpillVeto* veto) { spill_veto_ = veto; }
+  // Writes the VMM pool's requests as an allocation trace (set once, before use).
+  void record_trace(std::unique_ptr<TraceRecorder> trace) { trace_ = std::move(trace); }
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -190,6 +193,7 @@ class Pool {
   std::vector<FreeObserver*> free_observers_;
   MappedElsewhere* elsewhere_ = nullptr;
   SpillVeto* spill_veto_ = nullptr;
+  std::unique_ptr<TraceRecorder> trace_;
   std::atomic<int> captures_{0};
   mutable std::atomic<uint32_t> uuids_published_{0};  // by device ordinal
   Ledger ledger_;

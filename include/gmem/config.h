@@ -6,7 +6,8 @@
 // source (driver or vmm), percent (a number from 0 to 1000), path (an
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
 // percentage of a capacity: 50%), mem_info (device or tiers), socket (an
-// absolute path, or empty for the default), millis (a whole number of
+// absolute path, or empty for the default), file (an absolute path, or empty
+// for none), millis (a whole number of
 // milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
@@ -97,6 +98,11 @@
   X(dedup_socket, socket, "",                                                        \
     "the dedup broker's unix socket; empty: $XDG_RUNTIME_DIR/gmem/dedup.sock "        \
     "(/run/gmem/dedup.sock for root, /tmp/gmem-UID/dedup.sock without XDG_RUNTIME_DIR)") \
+  X(trace, file, "",                                                                 \
+    "pool:vmm writes every request it serves to this file (%p: the process id) as an " \
+    "allocation trace "                                                                 \
+    "(tests/traces/README.md; each allocation with the bytes placed off the device "   \
+    "by use), to be replayed without a GPU by pool-policy; empty: none")               \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")

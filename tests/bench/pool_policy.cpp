@@ -3,8 +3,14 @@
 // tens of GB replays in a moment. Prints, per trace, peak physical / peak
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
-//   pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R]
-//               [--max-steady-maps M] [--own-cost] TRACE...
+//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] [--passes N]
+//               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--own-cost] TRACE...
+// --host-memory gives the device a host tier of that budget (in chunks of
+// --host-chunk, 256 MiB by default; none prepared ahead): requests beyond --device-memory spill there, and an
+// allocation placed off the device by use when recorded (gmem's own traces,
+// GMEM_CONF trace:FILE) asks for the same. --per-step prints the pool's work
+// per step, a step ending where the requested bytes come within a 64th of
+// their peak after falling below half of it (as pool/uses.h times steps).
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "accounting_driver.h"
+#include "pool/tiers.h"
 #include "pool/vmm_pool.h"
 #include "trace.h"
 
@@ -32,6 +39,26 @@ using gmem::accounting::now;
 
 double max_ratio = 0, max_steady_maps = -1;
 std::size_t passes = 1;
+std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20;
+bool per_step = false;
+
+// Steps as pool/uses.h finds them: the bytes requested come within a 64th of
+// their peak, after falling below half of it since the last step.
+class Steps {
+ public:
+  explicit Steps(uint64_t peak) : peak_(peak) {}
+  // The bytes requested are now `live`: true at the end of a step.
+  bool ended(uint64_t live) {
+    if (live < peak_ / 2) armed_ = true;
+    if (!armed_ || live + peak_ / 64 < peak_) return false;
+    armed_ = false;
+    return true;
+  }
+
+ private:
+  const uint64_t peak_;
+  bool armed_ = false;
+};
 
 int replay(const std::string& path) {
   std::string error;
@@ -42,8 +69,22 @@ int replay(const std::string& path) {
   }
   gmem::accounting::reset(accounts.total);
   const gmem::vmm::Driver driver = gmem::accounting::driver();
-  gmem::pool::VmmPool pool(driver, nullptr);
+  gmem::pool::Budgets budgets;
+  budgets.peer = gmem::pool::Amount::of_bytes(0);
+  budgets.host = gmem::pool::Amount::of_bytes(host_memory);
+  budgets.host_prepare = gmem::pool::Amount::of_bytes(0);
+  budgets.host_chunk = gmem::pool::Amount::of_bytes(host_chunk);
+  budgets.device_reserve = gmem::pool::Amount::of_share(1.0 / 80);  // 1 GiB of an 80 GiB device, as on the H100
+  std::optional<gmem::pool::Tiers> tiers;
+  if (host_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
+  gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);
   std::vector<CUdeviceptr> live(trace->ids, 0);
+  std::vector<uint64_t> live_bytes(trace->ids, 0);
+  uint64_t requested = 0;
+  Steps steps(trace->peak_requested);
+  gmem::pool::Work step_from;
+  gmem::accounting::Accounts step_accounts;
+  int step = 0;
   // The steady state, what every later step costs: the last pass when the
   // trace is replayed several times (a job whose steps repeat their requests
   // exactly), else the trace's second half (its steps vary).
@@ -61,21 +102,42 @@ int replay(const std::string& path) {
         if (ptr) pool.free_async(ptr, {nullptr, 1}, false, false);
         ptr = 0;
       }
+      std::fill(live_bytes.begin(), live_bytes.end(), 0);
+      requested = 0;
     }
     allocs += e.alloc;
     steady_allocs += e.alloc && i >= steady_from;
     if (e.alloc) {
       gmem::pool::Block block;
-      CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false);
+      CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false, e.off_device);
       if (status != CUDA_SUCCESS) {
         fprintf(stderr, "pool-policy: %s: event %zu: %llu bytes: error %d\n", path.c_str(), i % events,
                 static_cast<unsigned long long>(e.bytes), status);
         return 1;
       }
       live[e.id] = block.base;
+      live_bytes[e.id] = e.bytes;
+      requested += e.bytes;
     } else {
       pool.free_async(live[e.id], {nullptr, 1}, false, false);
       live[e.id] = 0;
+      requested -= live_bytes[e.id];
+      live_bytes[e.id] = 0;
+    }
+    if (per_step && steps.ended(requested)) {
+      const gmem::pool::Work w = pool.work(0);
+      const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
+      printf("step %d (event %zu): misses %llu hits %llu maps %llu unmaps %llu chunks made %llu (host %llu) "
+             "released %llu; host held %.2f GB\n",
+             step++, i, static_cast<unsigned long long>(w.misses - step_from.misses),
+             static_cast<unsigned long long>(w.hits - step_from.hits),
+             static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
+             static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
+             static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
+             static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
+             static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9);
+      step_from = w;
+      step_accounts = accounts;
     }
   }
   const std::string name = gmem::trace::name_of(path);
@@ -158,6 +220,12 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--device-memory" && i + 1 < argc) {
       accounts.total = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--host-memory" && i + 1 < argc) {
+      host_memory = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--host-chunk" && i + 1 < argc) {
+      host_chunk = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--per-step") {
+      per_step = true;
     } else if (a == "--max-steady-maps" && i + 1 < argc) {
       max_steady_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--lag" && i + 1 < argc) {
@@ -175,8 +243,9 @@ int main(int argc, char** argv) {
     }
   }
   if (!traces) {
-    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--passes N] [--lag CALLS] [--max-ratio R] "
-                    "[--max-steady-maps M] [--own-cost] TRACE...\n");
+    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
+                    "[--passes N] "
+                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;

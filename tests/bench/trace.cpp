@@ -52,10 +52,19 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     if (op == "a" && field(fields, max_id, &id) && field(fields, UINT64_C(1) << 48, &bytes) &&
         field(fields, max_stream, &stream)) {
       e = Event{true, static_cast<std::uint32_t>(id), bytes, static_cast<std::uint32_t>(stream)};
+      // gmem's own traces (GMEM_CONF trace:FILE) add the bytes placed off the device.
+      std::istringstream::pos_type at = fields.tellg();
+      std::uint64_t off = 0;
+      if (field(fields, bytes + 1, &off)) {
+        e.off_device = off;
+      } else {
+        fields.clear();
+        fields.seekg(at);
+      }
     } else if (op == "f" && field(fields, max_id, &id)) {
       e = Event{false, static_cast<std::uint32_t>(id), 0, 0};
     } else {
-      return fail("expected 'a ID BYTES STREAM' or 'f ID' (ID < 2^24, 0 < BYTES < 2^48, STREAM < 256), found '" +
+      return fail("expected 'a ID BYTES STREAM [OFF_DEVICE]' or 'f ID' (ID < 2^24, 0 < BYTES < 2^48, STREAM < 256, OFF_DEVICE <= BYTES), found '" +
                   line.substr(0, 60) + "'");
     }
     std::string rest;

@@ -19,6 +19,7 @@ struct Event {
   std::uint32_t id = 0;
   std::uint64_t bytes = 0;   // allocations only
   std::uint32_t stream = 0;  // allocations only; 0 is the default stream
+  std::uint64_t off_device = 0;  // allocations only: placed off the device by use when recorded (gmem's traces)
 };
 
 struct Trace {

@@ -11,21 +11,26 @@ uint64_t lag = 0, now = 0;
 namespace {
 
 std::vector<uint64_t> recorded;  // by event: the call it was recorded at
+std::map<CUmemGenericAllocationHandle, bool> on_host;  // by chunk
 
-CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp*,
+CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
                 unsigned long long) {
   if (size == 0 || size % granularity) return CUDA_ERROR_INVALID_VALUE;
-  if (accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
-  accounts.used += size;
+  const bool host = prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+  if (!host && accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
+  (host ? accounts.host_used : accounts.used) += size;
   ++accounts.creates;
+  accounts.host_creates += host;
   *handle = accounts.next_handle++;
   accounts.chunks[*handle] = size;
+  on_host[*handle] = host;
   return CUDA_SUCCESS;
 }
 CUresult release(CUmemGenericAllocationHandle handle) {
   auto it = accounts.chunks.find(handle);
   if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
-  accounts.used -= it->second;
+  (on_host[handle] ? accounts.host_used : accounts.used) -= it->second;
+  on_host.erase(handle);
   accounts.chunks.erase(it);
   ++accounts.releases;
   return CUDA_SUCCESS;
@@ -71,6 +76,16 @@ CUresult synchronize() {
   return CUDA_SUCCESS;
 }
 CUresult get_current(CUcontext* c) { return *c = reinterpret_cast<CUcontext>(0xc0), CUDA_SUCCESS; }
+CUresult set_current(CUcontext) { return CUDA_SUCCESS; }
+CUresult device_count(int* count) { return *count = 1, CUDA_SUCCESS; }
+CUresult attribute(int* value, CUdevice_attribute attribute, CUdevice) {
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: return *value = 0, CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return *value = 1, CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
 
 }  // namespace
 
@@ -78,6 +93,7 @@ void reset(std::size_t total) {
   accounts = Accounts();
   accounts.total = total;
   recorded.clear();
+  on_host.clear();
   now = 0;
 }
 
@@ -99,6 +115,9 @@ vmm::Driver driver() {
   d.cuEventSynchronize = event_synchronize;
   d.cuCtxSynchronize = synchronize;
   d.cuCtxGetCurrent = get_current;
+  d.cuCtxSetCurrent = set_current;
+  d.cuDeviceGetCount = device_count;
+  d.cuDeviceGetAttribute = attribute;
   return d;
 }
 

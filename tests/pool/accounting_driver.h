@@ -1,5 +1,6 @@
 // A driver that only keeps accounts (no memory behind it), for the pool's
-// policy replays and the unit tests of its parts: chunks made and released,
+// policy replays and the unit tests of its parts: one device whose host has
+// a NUMA node for pinned chunks (the spill tiers' host tier); chunks made and released,
 // mappings, and events that complete `lag` calls after they were recorded,
 // as on a GPU that runs behind the program. Single-threaded.
 #pragma once
@@ -15,11 +16,13 @@ constexpr std::size_t granularity = 2 << 20;
 
 struct Accounts {
   std::size_t total = std::size_t{80} << 30;
-  std::size_t used = 0;
+  std::size_t used = 0;       // device memory
+  std::size_t host_used = 0;  // pinned host memory (the tiers keep its budget)
   std::map<CUmemGenericAllocationHandle, std::size_t> chunks;
   CUmemGenericAllocationHandle next_handle = 1;
   CUdeviceptr next_address = CUdeviceptr{1} << 40;
   uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
+  uint64_t host_creates = 0;  // of creates
 };
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call

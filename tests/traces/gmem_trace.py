@@ -105,14 +105,17 @@ def parse(lines, where="trace"):
         if not fields or fields[0].startswith("#"):
             continue
         try:
-            if fields[0] == "a" and len(fields) == 4:
+            if fields[0] == "a" and len(fields) in (4, 5):
+                # gmem's own traces add the bytes placed off the device; replays ignore them.
+                if len(fields) == 5 and not 0 <= int(fields[4]) <= int(fields[2]):
+                    raise ValueError
                 events.append(("a", int(fields[1]), int(fields[2]), int(fields[3])))
             elif fields[0] == "f" and len(fields) == 2:
                 events.append(("f", int(fields[1])))
             else:
                 raise ValueError
         except ValueError:
-            raise TraceError(f"{where}:{number}: expected 'a ID BYTES STREAM' or 'f ID', "
+            raise TraceError(f"{where}:{number}: expected 'a ID BYTES STREAM [OFF_DEVICE]' or 'f ID', "
                              f"found {line.strip()[:60]!r}") from None
         numbers.append(number)
     check(events, lambda i: f"{where}:{numbers[i]}")

@@ -71,6 +71,10 @@ class Format(unittest.TestCase):
             with gzip.open(os.path.join(d, "t.trace.gz"), "rt") as f:
                 self.assertEqual(f.read().splitlines()[:3], [gmem_trace.HEADER, "# a comment", "# two lines"])
 
+    def test_gmems_own_traces_add_the_bytes_placed_off_the_device(self):
+        self.assertEqual(gmem_trace.parse([HEADER + "\n", "a 0 100 1 40\n", "f 0\n"], where="t"),
+                         [("a", 0, 100, 1), ("f", 0)])
+
     def test_peak_requested(self):
         self.assertEqual(gmem_trace.peak_requested(EXPECTED_EVENTS), 4000)
         self.assertEqual(gmem_trace.peak_requested([]), 0)
@@ -82,7 +86,9 @@ class Format(unittest.TestCase):
                  (HEADER + "a 0 0 0\n", "t:2: allocation of 0 bytes"),
                  (HEADER + "a 0 10 256\n", "t:2: stream 256 out of range"),
                  (HEADER + "a 16777216 10 0\n", "t:2: id 16777216 out of range"),
-                 (HEADER + "a 0 10\n", "t:2: expected 'a ID BYTES STREAM'"),
+                 (HEADER + "a 0 10\n", "t:2: expected 'a ID BYTES STREAM [OFF_DEVICE]'"),
+                 (HEADER + "a 0 10 0 11\n", "t:2: expected"),
+                 (HEADER + "a 0 10 0 7 1\n", "t:2: expected"),
                  (HEADER + "a 0 x 0\n", "t:2: expected"),
                  (HEADER + "a 0 281474976710656 0\n", "t:2: allocation of 281474976710656 bytes")]
         for text, message in cases:

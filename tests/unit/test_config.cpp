@@ -54,7 +54,7 @@ TEST(Config, BadValueSaysWhatIsExpected) {
   EXPECT_EQ(parse_config("dedup_socket:/tmp/d.sock").config.dedup_socket.path, "/tmp/d.sock");
   EXPECT_EQ(parse_config("dedup_socket:").config.dedup_socket.path, "");
   EXPECT_EQ(parse_config("dedup_socket:d.sock").error,
-            "bad value 'd.sock' for key 'dedup_socket' (expected an absolute path, or nothing for the default)");
+            "bad value 'd.sock' for key 'dedup_socket' (expected an absolute path, or nothing)");
 }
 
 TEST(Config, BudgetsAreSizesOrShares) {

@@ -28,8 +28,19 @@ TEST(Trace, ReadsEventsStreamsAndThePeak) {
   EXPECT_FALSE(t->events[2].alloc);
   EXPECT_EQ(t->events[2].id, 0u);
   EXPECT_EQ(t->peak_requested, 150u);  // 100 + 50; later 70 + 50 = 120
+  EXPECT_EQ(t->events[0].off_device, 0u);
   EXPECT_EQ(t->streams, 3u);
   EXPECT_EQ(t->ids, 4u);
+}
+
+TEST(Trace, GmemsOwnTracesSayWhatWasPlacedOffTheDevice) {
+  std::string error;
+  auto t = read(header + "a 0 100 0 40\na 1 50 1 0\nf 0\n", &error);
+  ASSERT_TRUE(t) << error;
+  EXPECT_EQ(t->events[0].off_device, 40u);
+  EXPECT_EQ(t->events[0].stream, 0u);
+  EXPECT_EQ(t->events[1].off_device, 0u);
+  EXPECT_EQ(t->events[1].stream, 1u);
 }
 
 TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
@@ -40,12 +51,13 @@ TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
       {header + "f 1\n", "t:2: free of id 1, which is not live"},
       {header + "a 0 100 0\nf 0\nf 0\n", "t:4: free of id 0, which is not live"},
       {header + "a 0 0 0\n", "t:2: allocation of 0 bytes"},
-      {header + "a 0 10 256\n", "t:2: expected 'a ID BYTES STREAM'"},
+      {header + "a 0 10 256\n", "t:2: expected 'a ID BYTES STREAM [OFF_DEVICE]'"},
       {header + "a 16777216 10 0\n", "t:2: expected"},
       {header + "a 0 -1 0\n", "t:2: expected"},
       {header + "a 0 10\n", "t:2: expected"},
       {header + "x 0\n", "t:2: expected"},
-      {header + "a 0 10 0 7\n", "t:2: unexpected '7'"},
+      {header + "a 0 10 0 11\n", "t:2: unexpected '11'"},  // more off the device than allocated
+      {header + "a 0 10 0 7 1\n", "t:2: unexpected '1'"},
       {header + "a 0 99999999999999999999999 0\n", "t:2: expected"},
   };
   for (const auto& [text, message] : cases) {

@@ -1,0 +1,90 @@
+#include "pool/trace_recorder.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <functional>
+
+namespace gmem::pool {
+
+namespace {
+
+// The trace's limits (tests/bench/trace.h): ids below 2^24, streams below 256.
+constexpr uint32_t max_stream = 255;
+
+}  // namespace
+
+std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, std::string* error) {
+  // %p: the process id, so that every process of a job writes its own.
+  std::string path = pattern;
+  for (std::size_t at = path.find("%p"); at != std::string::npos; at = path.find("%p", at)) {
+    const std::string pid = std::to_string(getpid());
+    path.replace(at, 2, pid);
+    at += pid.size();
+  }
+  FILE* out = std::fopen(path.c_str(), "we");
+  if (!out) {
+    *error = path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  char when[64] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  if (gmtime_r(&now, &utc)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &utc);
+  std::fprintf(out,
+               "# gmem allocation trace v1\n"
+               "# recorded by gmem (GMEM_CONF trace:FILE), pid %d, %s\n"
+               "# the fifth field of an allocation: its bytes placed off the device by use\n",
+               int(getpid()), when);
+  std::fflush(out);
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(out, getpid()));
+}
+
+TraceRecorder::~TraceRecorder() { std::fclose(out_); }
+
+uint32_t TraceRecorder::id_for(CUdeviceptr base) {
+  uint32_t id = next_id_;
+  if (!free_ids_.empty()) {
+    std::pop_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    ++next_id_;
+  }
+  ids_[base] = id;
+  return id;
+}
+
+uint32_t TraceRecorder::stream_number(StreamId stream) {
+  // No stream and the legacy default stream are the trace's stream 0; others
+  // are numbered as they first appear (the last number shared past 255).
+  if (stream == 0 || stream == reinterpret_cast<StreamId>(CU_STREAM_LEGACY)) return 0;
+  auto [it, fresh] = streams_.try_emplace(stream, 0);
+  if (fresh) it->second = std::min<uint32_t>(uint32_t(streams_.size()), max_stream);
+  return it->second;
+}
+
+void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_ || ids_.count(base)) return;
+  const uint32_t id = id_for(base);
+  const uint32_t number = stream_number(stream);
+  std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
+  std::fflush(out_);
+}
+
+void TraceRecorder::freed(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = ids_.find(base);
+  if (getpid() != pid_ || it == ids_.end()) return;
+  std::fprintf(out_, "f %u\n", it->second);
+  std::fflush(out_);
+  free_ids_.push_back(it->second);
+  std::push_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
+  ids_.erase(it);
+}
+
+}  // namespace gmem::pool

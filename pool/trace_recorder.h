@@ -1,0 +1,53 @@
+// The pool's requests as an allocation trace (tests/traces/README.md), written
+// as they are served (GMEM_CONF trace:FILE): what a job asked of the pool, to
+// be replayed without a GPU (pool-policy) when its placement is studied. Each
+// allocation line carries, as a fifth field, the bytes placed off the device
+// by use (pool/uses.h). Lines are flushed as written, so a job that crashes
+// leaves its trace; a forked child writes nothing.
+#pragma once
+
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pool/stream_order.h"
+
+namespace gmem::pool {
+
+class TraceRecorder {
+ public:
+  // Writes to `pattern`, %p replaced by the process id; null, with the
+  // reason in `error`, if it cannot be written.
+  static std::unique_ptr<TraceRecorder> open(const std::string& pattern, std::string* error);
+  ~TraceRecorder();
+  TraceRecorder(const TraceRecorder&) = delete;
+  TraceRecorder& operator=(const TraceRecorder&) = delete;
+
+  // The pool served `size` bytes at `base`, ordered on `stream` (0: none),
+  // `off_device` of them placed off the device by use.
+  void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device);
+  // The allocation at `base` was freed (one the trace saw allocated).
+  void freed(CUdeviceptr base);
+
+ private:
+  TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid) {}
+  uint32_t id_for(CUdeviceptr base);  // under mutex_
+  uint32_t stream_number(StreamId stream);  // under mutex_
+
+  std::mutex mutex_;
+  FILE* const out_;
+  const pid_t pid_;  // the process that writes
+  std::unordered_map<CUdeviceptr, uint32_t> ids_;
+  std::vector<uint32_t> free_ids_;  // a min-heap: ids are reused smallest first
+  uint32_t next_id_ = 0;
+  std::unordered_map<StreamId, uint32_t> streams_;
+};
+
+}  // namespace gmem::pool

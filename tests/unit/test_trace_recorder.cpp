@@ -1,0 +1,56 @@
+// The pool's allocation trace (GMEM_CONF trace:FILE): what TraceRecorder
+// writes is a valid trace, read back by the replays' reader as written.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "pool/trace_recorder.h"
+#include "trace.h"
+
+namespace {
+
+using gmem::pool::TraceRecorder;
+
+std::string temp_pattern() { return testing::TempDir() + "gmem-trace-test-%p.trace"; }
+std::string temp_path() { return testing::TempDir() + "gmem-trace-test-" + std::to_string(getpid()) + ".trace"; }
+
+TEST(TraceRecorder, WritesATraceTheReplaysRead) {
+  std::string error;
+  {
+    auto trace = TraceRecorder::open(temp_pattern(), &error);
+    ASSERT_TRUE(trace) << error;
+    const gmem::pool::StreamId legacy = reinterpret_cast<gmem::pool::StreamId>(CU_STREAM_LEGACY);
+    trace->allocated(0x1000, 100, 0, 0);
+    trace->allocated(0x2000, 200 << 20, 77, 64 << 20);  // a stream of its own, part placed off the device
+    trace->freed(0x1000);
+    trace->allocated(0x3000, 50, legacy, 0);  // takes id 0 again, on stream 0
+    trace->freed(0x9000);                     // never allocated: not written
+    trace->allocated(0x4000, 60, 88, 0);      // another stream
+    trace->freed(0x2000);
+  }
+  auto t = gmem::trace::load(temp_path(), &error);
+  std::remove(temp_path().c_str());
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->events.size(), 6u);
+  EXPECT_EQ(t->events[1].bytes, std::size_t{200} << 20);
+  EXPECT_EQ(t->events[1].stream, 1u);
+  EXPECT_EQ(t->events[1].off_device, std::size_t{64} << 20);
+  EXPECT_FALSE(t->events[2].alloc);
+  EXPECT_EQ(t->events[2].id, 0u);
+  EXPECT_EQ(t->events[3].id, 0u);
+  EXPECT_EQ(t->events[3].stream, 0u);
+  EXPECT_EQ(t->events[4].id, 2u);
+  EXPECT_EQ(t->events[4].stream, 2u);
+  EXPECT_EQ(t->ids, 3u);
+  EXPECT_EQ(t->peak_requested, (std::size_t{200} << 20) + 110);
+}
+
+TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
+  std::string error;
+  EXPECT_FALSE(TraceRecorder::open("/nonexistent-dir/t.trace", &error));
+  EXPECT_NE(error.find("/nonexistent-dir/t.trace"), std::string::npos) << error;
+}
+
+}  // namespace
