@@ -45,7 +45,6 @@ struct Book {
   // The device refused memory: spilled memory the pool holds may serve until
   // the pool gives some of the device's own back, or the device has room again.
   bool full = false;
-  int64_t full_checked_ns = 0;
 
   void add_used(std::size_t bytes) {
     figures.used += bytes;

@@ -119,27 +119,50 @@ bool Ranges::ready(const Range& range, StreamId stream) {
                      [&](Piece* p) { return !p->holder && order_.ready(p->pending, stream); });
 }
 
-Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off) {
+Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off,
+                           std::size_t most_spilled) {
+  most_spilled = std::max(most, most_spilled);
   auto placed = [&](const Range& r) {
-    if (off.most == SIZE_MAX && off.least == 0) return true;
     const std::size_t spilled = r.spilled_bytes();
+    // A larger range only where the request would hold all its device
+    // memory: what it has beyond the request is host memory a new range
+    // would round up to as well.
+    if (r.va.size() > most && (!spilled || r.va.size() - spilled > rounded)) return false;
     return spilled >= off.least && spilled <= off.most;
   };
   CachedRanges& cached = cached_[device];
   auto best = cached.end();
-  for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most; ++it) {
+  for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most_spilled; ++it) {
     if (best != cached.end() && it->first != best->first) break;
     if ((best == cached.end() || it->second->id < best->second->id) && placed(*it->second) &&
         ready(*it->second, stream)) {
       best = it;
     }
   }
-  if (best == cached.end()) return nullptr;
-  Range* range = best->second;
-  cached.erase(best);
+  return best == cached.end() ? nullptr : take(cached, best);
+}
+
+Range* Ranges::take(CachedRanges& cached, CachedRanges::iterator entry) {
+  Range* range = entry->second;
+  cached.erase(entry);
   order_.settle(range->last_free);
   for (Piece* p : range->pieces) pieces_.hold(*p, range);
   return range;
+}
+
+Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off) {
+  for (const Recall::Served& served : last) {
+    Range* range = served.base ? at(served.base) : nullptr;
+    if (!range || range->id != served.id || range->class_size || range->live) continue;
+    const std::size_t spilled = range->spilled_bytes();
+    if (spilled < off.least || spilled > off.most || !ready(*range, stream)) continue;
+    CachedRanges& cached = cached_[device];
+    auto [from, to] = cached.equal_range(range->va.size());
+    for (auto it = from; it != to; ++it) {
+      if (it->second == range) return take(cached, it);
+    }
+  }
+  return nullptr;
 }
 
 bool Ranges::droppable(Piece& piece, bool wait) {

@@ -14,6 +14,7 @@
 
 #include "pool/access.h"
 #include "pool/pieces.h"
+#include "pool/recall.h"
 
 namespace gmem::pool {
 
@@ -84,12 +85,19 @@ class Ranges {
 
   // A free whole range joins the cache.
   void cache(Range& range);
-  // Of the cached ranges of `device` from `rounded` to `most` bytes whose
-  // chunks are all free and reusable on `stream` and whose spilled bytes
-  // are within `off`, the oldest of the smallest size, taken out of the
+  // Of the cached ranges of `device` from `rounded` to `most` bytes (to
+  // `most_spilled` for ranges partly off the device with no more of the
+  // device's memory than `rounded`: their host chunks round up) whose chunks are all free and reusable on `stream` and whose spilled
+  // bytes are within `off`, the oldest of the smallest size, taken out of the
   // cache with its chunks held; null if none.
-  Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off);
+  Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off,
+                     std::size_t most_spilled = 0);
   bool ready(const Range& range, StreamId stream);
+  // The first of the cached ranges `last` names (pool/recall.h) that is
+  // still cached, its chunks all free and reusable on `stream` and its
+  // spilled bytes within `off`, taken out of the cache with its chunks held;
+  // else null.
+  Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the
   // frees that keep them are waited for.
@@ -112,6 +120,9 @@ class Ranges {
   // Ranges one chunk may be mapped in at once; beyond, the least recently
   // used free one is unmapped.
   static constexpr std::size_t max_ranges_per_piece = 32;
+
+  // Out of the cache, its chunks held.
+  Range* take(CachedRanges& cached, CachedRanges::iterator entry);
 
   const vmm::Driver& driver_;
   Books& books_;

@@ -26,9 +26,6 @@ bool Stitcher::may_grow(const Book& book, std::size_t size) const {
 bool Stitcher::device_full(int device, std::size_t size) {
   Book& book = books_[device];
   if (!book.full || !tiers_) return book.full;
-  const int64_t now = now_ns();
-  if (now - book.full_checked_ns < full_recheck_ns) return true;
-  book.full_checked_ns = now;
   book.full = tiers_->device_free(device, book.figures.reserved) < size;
   return book.full;
 }

@@ -46,12 +46,11 @@ class Stitcher {
   // Whether the pool may take `size` more bytes of new memory rather than
   // take cached memory apart: it holds at most its peak use and the headroom.
   bool may_grow(const Book& book, std::size_t size) const;
-  // Whether `device` is full, asking the tiers again if it was last asked long ago.
+  // Whether `device` is full; once it was, the tiers are asked again each
+  // time (one cuMemGetInfo, on the way to a miss).
   bool device_full(int device, std::size_t size);
 
  private:
-  static constexpr int64_t full_recheck_ns = 10'000'000;
-
   // Which free chunks take_free may take: the device's own, spilled ones, or both.
   enum class Tier { device, spilled, any };
   // Moves free chunks of `tier` reusable on `stream` into `parts` (at most

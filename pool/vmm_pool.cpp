@@ -100,9 +100,11 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   return CUDA_SUCCESS;
 }
 
-std::size_t VmmPool::free_device_bytes(int device) {
+std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {
   std::size_t bytes = 0;
-  for (const auto& [key, piece] : pieces_.free(device)) bytes += piece->spilled ? 0 : key.first;
+  for (const auto& [key, piece] : pieces_.free(device)) {
+    if (!piece->spilled && (!ready_on || order_.ready(piece->pending, *ready_on))) bytes += key.first;
+  }
   return bytes;
 }
 
@@ -131,18 +133,38 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
                              off_device + std::min(off_device, tiers_->host_chunk(device, off_device)) + rounded / 16}
       : spills   ? OffDevice::none()
                  : OffDevice::any();
-  Range* r = ranges_.take_cached(device, rounded, most, stream, off);
+  // A range partly off the device may be larger by what its host chunks
+  // round up to: a new one would be as large.
+  const std::size_t most_spilled = tiers_ && !off_device ? most + tiers_->host_chunk(device, rounded) : most;
+  // Spilled ranges serve a request placed on the device first only while the
+  // device is full and the pool's own free device chunks cannot make the
+  // range either (a program that just gave its cache back, as PyTorch does on
+  // out of memory, gets device memory).
+  std::optional<bool> short_of_device;
+  auto device_short = [&] {
+    if (!short_of_device) {
+      short_of_device = spills && !off_device && stitcher_.device_full(device, rounded) &&
+                        free_device_bytes(device, stream) < rounded;
+    }
+    return *short_of_device;
+  };
+  // While the device spills, a request takes first the range that served the
+  // same request last (pool/recall.h), placed as it was then.
+  Recall& recall = recall_[device];
+  const uint64_t key = recall.key(rounded);
+  Range* r = nullptr;
+  if (spills) {
+    const Recall::Last last = recall.last(key);
+    r = ranges_.take_recalled(device, last, stream, off);
+    if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any());
+  }
+  if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
   // (once their frees have completed), and may serve.
   if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, true)) {
-    r = ranges_.take_cached(device, rounded, most, stream, off);
+    r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   }
-  // Spilled ranges serve while the device is full and the pool's own free
-  // device chunks cannot make the range either (a program that just gave its
-  // cache back, as PyTorch does on out of memory, gets device memory).
-  if (!r && !off_device && spills && stitcher_.device_full(device, rounded) && free_device_bytes(device) < rounded) {
-    r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any());
-  }
+  if (!r && device_short()) r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any(), most_spilled);
   if (r) {
     ++b.work.hits;
   } else {
@@ -151,6 +173,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     r->blocks.resize(1);
   }
   r->last_use = ++clock_;
+  recall.served(key, rounded, {r->va.base(), r->id});
   *range = r;
   return CUDA_SUCCESS;
 }
@@ -161,6 +184,7 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   if (range.class_size) {
     slabs_.release(range, index, pending);
   } else {
+    recall_[range.device].freed(round_up(block.size, books_[range.device].granularity));
     range.live = 0;
     ranges_.cache(range);
     order_.share(range.last_free, pending);

@@ -159,7 +159,8 @@ class VmmPool {
   // `off_device`, a cached range with about that many spilled bytes, else a
   // new one with them.
   CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, Range** range);
-  std::size_t free_device_bytes(int device);  // in free chunks
+  // In free chunks; with `ready_on`, only those reusable on that stream now.
+  std::size_t free_device_bytes(int device, std::optional<StreamId> ready_on = std::nullopt);
   // The live block `index` of `range` is free once `pending` completes.
   void release(Range& range, std::size_t index, const Pending& pending);
   // Calls `visit` on every free's Pending: free chunks, cached ranges, free slab blocks.
@@ -196,6 +197,7 @@ class VmmPool {
   Ranges ranges_;
   Slabs slabs_;
   Stitcher stitcher_;
+  PerDevice<Recall> recall_;
   uint64_t clock_ = 0;               // counts whole ranges handed out
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };

@@ -3,14 +3,19 @@
 // tens of GB replays in a moment. Prints, per trace, peak physical / peak
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
-//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] [--passes N]
-//               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--own-cost] TRACE...
+//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step]
+//               [--misses-from STEP] [--passes N]
+//               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
+//               [--own-cost] TRACE...
 // --host-memory gives the device a host tier of that budget (in chunks of
-// --host-chunk, 256 MiB by default; none prepared ahead): requests beyond --device-memory spill there, and an
-// allocation placed off the device by use when recorded (gmem's own traces,
-// GMEM_CONF trace:FILE) asks for the same. --per-step prints the pool's work
+// --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
+// --device-memory spill there, and an allocation placed off the device by use
+// when recorded (gmem's own traces, GMEM_CONF trace:FILE) asks for the same. --per-step prints the pool's work
 // per step, a step ending where the requested bytes come within a 64th of
-// their peak after falling below half of it (as pool/uses.h times steps).
+// their peak after falling below half of it (as pool/uses.h times steps);
+// --misses-from STEP also lists each request that needed a range made from
+// that step on. --max-last-step-maps fails the run when the trace's last
+// whole step mapped more than that many chunks.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -37,10 +42,11 @@ using gmem::accounting::accounts;
 using gmem::accounting::lag;
 using gmem::accounting::now;
 
-double max_ratio = 0, max_steady_maps = -1;
+double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1;
 std::size_t passes = 1;
 std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20;
 bool per_step = false;
+int misses_from = INT32_MAX;
 
 // Steps as pool/uses.h finds them: the bytes requested come within a 64th of
 // their peak, after falling below half of it since the last step.
@@ -85,6 +91,7 @@ int replay(const std::string& path) {
   gmem::pool::Work step_from;
   gmem::accounting::Accounts step_accounts;
   int step = 0;
+  uint64_t last_step_maps = 0;
   // The steady state, what every later step costs: the last pass when the
   // trace is replayed several times (a job whose steps repeat their requests
   // exactly), else the trace's second half (its steps vary).
@@ -109,7 +116,16 @@ int replay(const std::string& path) {
     steady_allocs += e.alloc && i >= steady_from;
     if (e.alloc) {
       gmem::pool::Block block;
+      const uint64_t misses = pool.work(0).misses, maps = accounts.maps;
       CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false, e.off_device);
+      if (status == CUDA_SUCCESS && step >= misses_from && pool.work(0).misses > misses) {
+        const gmem::pool::Split placed = tiers ? tiers->split(block.base, block.size) : gmem::pool::Split{};
+        printf("  miss: event %zu, id %u, %llu bytes (%llu asked off the device), stream %u: %llu on the host, "
+               "%llu mappings; %.2f GB requested\n",
+               i % events, e.id, static_cast<unsigned long long>(e.bytes), static_cast<unsigned long long>(e.off_device),
+               e.stream, static_cast<unsigned long long>(placed.host),
+               static_cast<unsigned long long>(accounts.maps - maps), double(requested + e.bytes) / 1e9);
+      }
       if (status != CUDA_SUCCESS) {
         fprintf(stderr, "pool-policy: %s: event %zu: %llu bytes: error %d\n", path.c_str(), i % events,
                 static_cast<unsigned long long>(e.bytes), status);
@@ -124,18 +140,20 @@ int replay(const std::string& path) {
       requested -= live_bytes[e.id];
       live_bytes[e.id] = 0;
     }
-    if (per_step && steps.ended(requested)) {
+    if (steps.ended(requested)) {
+      last_step_maps = accounts.maps - step_accounts.maps;
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
-      printf("step %d (event %zu): misses %llu hits %llu maps %llu unmaps %llu chunks made %llu (host %llu) "
+      if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu unmaps %llu chunks made %llu (host %llu) "
              "released %llu; host held %.2f GB\n",
-             step++, i, static_cast<unsigned long long>(w.misses - step_from.misses),
+             step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
              static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
              static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9);
+      ++step;
       step_from = w;
       step_accounts = accounts;
     }
@@ -164,6 +182,11 @@ int replay(const std::string& path) {
   if (max_steady_maps >= 0 && steady_maps > max_steady_maps) {
     fprintf(stderr, "pool-policy: %s: %.4f mappings per allocation in the steady state, above %.4f\n", path.c_str(),
             steady_maps, max_steady_maps);
+    return 1;
+  }
+  if (max_last_step_maps >= 0 && double(last_step_maps) > max_last_step_maps) {
+    fprintf(stderr, "pool-policy: %s: %llu mappings in the last whole step, above %.0f\n", path.c_str(),
+            static_cast<unsigned long long>(last_step_maps), max_last_step_maps);
     return 1;
   }
   if (max_ratio > 0 && ratio > max_ratio) {
@@ -226,8 +249,13 @@ int main(int argc, char** argv) {
       host_chunk = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--per-step") {
       per_step = true;
+    } else if (a == "--misses-from" && i + 1 < argc) {
+      per_step = true;
+      misses_from = std::atoi(argv[++i]);
     } else if (a == "--max-steady-maps" && i + 1 < argc) {
       max_steady_maps = std::strtod(argv[++i], nullptr);
+    } else if (a == "--max-last-step-maps" && i + 1 < argc) {
+      max_last_step_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--lag" && i + 1 < argc) {
       lag = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--passes" && i + 1 < argc) {
@@ -244,8 +272,8 @@ int main(int argc, char** argv) {
   }
   if (!traces) {
     fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
-                    "[--passes N] "
-                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--own-cost] TRACE...\n");
+                    "[--misses-from STEP] [--passes N] "
+                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;

@@ -1,0 +1,33 @@
+#include "pool/recall.h"
+
+#include <algorithm>
+
+namespace gmem::pool {
+
+uint64_t Recall::key(std::size_t rounded) const {
+  // Sizes are multiples of the granularity (2 MiB at least): the count takes the low bits.
+  auto it = live_.find(rounded);
+  return uint64_t(rounded) ^ (it == live_.end() ? 0 : it->second);
+}
+
+Recall::Last Recall::last(uint64_t key) const {
+  auto it = served_.find(key);
+  return it == served_.end() ? Last{} : it->second;
+}
+
+void Recall::served(uint64_t key, std::size_t rounded, Served range) {
+  ++live_[rounded];
+  if (served_.size() >= max_keys && !served_.count(key)) served_.clear();
+  Last& last = served_[key];
+  // To the front; what it displaces (itself, if there) moves back one.
+  auto end = std::find_if(last.begin(), last.end() - 1, [&](const Served& s) { return s.id == range.id; });
+  std::move_backward(last.begin(), end, end + 1);
+  last[0] = range;
+}
+
+void Recall::freed(std::size_t rounded) {
+  auto it = live_.find(rounded);
+  if (it != live_.end() && --it->second == 0) live_.erase(it);
+}
+
+}  // namespace gmem::pool

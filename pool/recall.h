@@ -1,0 +1,53 @@
+// What served each kind of request last, so that a job whose steps repeat
+// their requests gets the same ranges, placed as they were, step after step:
+// once the device spills, a new range costs remaps (and the driver's unmaps
+// wait for the device), and the choice by size alone lets the spilled ranges
+// of one step drift onto other requests of the next.
+//
+// A request is known by its rounded size and how many allocations of that
+// size are live when it comes: in a step that repeats the one before, the
+// same request finds the same number live (the third layer's activation
+// finds two), with no need to know where steps begin. Requests may share a
+// key (a temporary made and freed again and again; a gradient the size of an
+// activation freed before it): the last `remembered` ranges that served a key
+// are tried, the most recent first. A job whose requests never repeat fills no more than max_keys entries
+// before they are forgotten. Used under VmmPool's lock.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+namespace gmem::pool {
+
+class Recall {
+ public:
+  static constexpr std::size_t max_keys = 1 << 16;
+  static constexpr std::size_t remembered = 4;
+
+  // What served a request: a range's base and its id (ranges are made with
+  // new ids, so one made again at the same base is told apart).
+  struct Served {
+    CUdeviceptr base = 0;
+    uint64_t id = 0;
+  };
+
+  // The key of a request of `rounded` bytes now.
+  uint64_t key(std::size_t rounded) const;
+  // What last served `key`, the most recent first (empty entries: nothing).
+  using Last = std::array<Served, remembered>;
+  Last last(uint64_t key) const;
+  // `key` was served by `range`, now live.
+  void served(uint64_t key, std::size_t rounded, Served range);
+  // A whole range of `rounded` bytes was freed.
+  void freed(std::size_t rounded);
+
+ private:
+  std::unordered_map<std::size_t, uint32_t> live_;  // whole-range allocations live, by rounded size
+  std::unordered_map<uint64_t, Last> served_;
+};
+
+}  // namespace gmem::pool
