@@ -26,6 +26,8 @@ struct Work {
   uint64_t misses = 0;  // requests that needed a range made
   uint64_t chunks_made = 0, chunks_released = 0, maps = 0, unmaps = 0;
   uint64_t driver_ns = 0;         // time in the driver's VMM calls
+  // Of it, mapping new ranges; and the mappings of a range that took over 10 ms.
+  uint64_t map_ns = 0, slow_maps = 0, slow_map_ns = 0;
   uint64_t moved_back_bytes = 0;  // live allocations' spilled bytes moved back to the device
   // Chunks made by the tiers (a peer's, the host's) and given back, and the
   // time spent making them: pinning host memory costs about 1 s per 3 GB.

@@ -59,9 +59,16 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   std::size_t offset = 0;
   {
     Timer timer(work.driver_ns);
+    const int64_t start = now_ns();
     status = vmm::Reservation::reserve(driver_, total, &range->va);
     for (std::size_t i = 0; status == CUDA_SUCCESS && i < pieces.size(); offset += pieces[i++]->memory.size()) {
       status = range->va.map(offset, pieces[i]->memory, device);
+    }
+    const uint64_t took = uint64_t(now_ns() - start);
+    work.map_ns += took;
+    if (took > slow_map_ns) {
+      ++work.slow_maps;
+      work.slow_map_ns += took;
     }
     if (status != CUDA_SUCCESS) {
       ++work.map_failed;

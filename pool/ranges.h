@@ -120,6 +120,8 @@ class Ranges {
   // Ranges one chunk may be mapped in at once; beyond, the least recently
   // used free one is unmapped.
   static constexpr std::size_t max_ranges_per_piece = 32;
+  // A range whose mapping takes longer is counted apart (Work::slow_maps).
+  static constexpr uint64_t slow_map_ns = 10'000'000;
 
   // Out of the cache, its chunks held.
   Range* take(CachedRanges& cached, CachedRanges::iterator entry);

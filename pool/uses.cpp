@@ -71,7 +71,10 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   d.step_ns = now_ns;
   d.last_step = {.misses = work.misses - d.at_step.misses,
                  .maps = work.maps - d.at_step.maps,
-                 .driver_ns = work.driver_ns - d.at_step.driver_ns};
+                 .driver_ns = work.driver_ns - d.at_step.driver_ns,
+                 .map_ns = work.map_ns - d.at_step.map_ns,
+                 .slow_maps = work.slow_maps - d.at_step.slow_maps,
+                 .slow_map_ns = work.slow_map_ns - d.at_step.slow_map_ns};
   d.at_step = work;
   d.last_step_ns = step;
   if (!step) return;
@@ -209,16 +212,18 @@ std::string Uses::report(std::size_t most) const {
 std::string Uses::report_plan(std::size_t most) const {
   std::lock_guard lock(mutex_);
   std::string out;
-  char buf[384];
+  char buf[512];
   for (const auto& [device, d] : devices_) {
     static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
              "planned_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "
-             "last_step_misses=%llu\n",
+             "last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu last_step_slow_map_ms=%.1f\n",
              device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
-             static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses));
+             static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
+             double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),
+             double(d.last_step.slow_map_ns) / 1e6);
     out += buf;
   }
   std::vector<const Kind*> alive;

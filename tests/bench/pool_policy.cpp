@@ -144,11 +144,12 @@ int replay(const std::string& path) {
       last_step_maps = accounts.maps - step_accounts.maps;
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
-      if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu unmaps %llu chunks made %llu (host %llu) "
+      if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu (host %llu) "
              "released %llu; host held %.2f GB\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
+             static_cast<unsigned long long>(accounts.host_maps - step_accounts.host_maps),
              static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),

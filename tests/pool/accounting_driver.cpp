@@ -41,8 +41,9 @@ CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, u
   return CUDA_SUCCESS;
 }
 CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) {
+CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
   ++accounts.maps;
+  accounts.host_maps += on_host[handle];
   return CUDA_SUCCESS;
 }
 CUresult unmap(CUdeviceptr, std::size_t) {

@@ -22,7 +22,7 @@ struct Accounts {
   CUmemGenericAllocationHandle next_handle = 1;
   CUdeviceptr next_address = CUdeviceptr{1} << 40;
   uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
-  uint64_t host_creates = 0;  // of creates
+  uint64_t host_creates = 0, host_maps = 0;  // of creates and maps
 };
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call

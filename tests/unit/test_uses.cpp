@@ -91,7 +91,8 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
 // one launch) is a temporary made after B is freed. B's range lies in host
 // memory. At each peak the device had `room` bytes left. Each step asks the
-// driver for 3 maps and 2 ranges (misses) in 7 ms of its calls.
+// driver for 3 maps and 2 ranges (misses) in 7 ms of its calls, 6 ms of them
+// mapping, 5 ms in one range counted slow.
 class Job {
  public:
   explicit Job(bool place, std::size_t room) : uses_(&table_, place), room_(room) {
@@ -120,6 +121,9 @@ class Job {
     work_.maps += 3;
     work_.misses += 2;
     work_.driver_ns += 7'000'000;
+    work_.map_ns += 6'000'000;
+    work_.slow_maps += 1;
+    work_.slow_map_ns += 5'000'000;
     return off;
   }
   Uses& uses() { return uses_; }
@@ -164,7 +168,8 @@ TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
   Job job(true, 64 * mib);
   for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
   EXPECT_NE(job.uses().report().find(" last_step_ms=80.0 last_step_driver_ms=7.0 last_step_maps=3 "
-                                     "last_step_misses=2\n"),
+                                     "last_step_misses=2 last_step_map_ms=6.0 last_step_slow_maps=1 "
+                                     "last_step_slow_map_ms=5.0\n"),
             std::string::npos)
       << job.uses().report();
 }

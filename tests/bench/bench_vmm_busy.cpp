@@ -1,0 +1,180 @@
+// What the driver's VMM calls cost while the device runs a kernel, against an
+// idle device: the calls a pool makes on a miss (create, reserve, map, set
+// access, unmap, release, free the addresses) and the queries it makes on
+// every request (memory info, event query). A call that waits for the
+// device's work takes as long as the kernel has left to run: under a spilled
+// job, whose GPU runs seconds behind the program, such a call drains the
+// queue of launches. Device and pinned host (NUMA) chunks, 2 MiB and 1 GiB.
+//   bench-vmm-busy [SHIM REAL]   (the suite's two arguments; unused: it runs on the driver it is linked to)
+// Prints BENCH vmm_<call>_<chunk>_us_idle, _us_busy (a 500 ms kernel running
+// on another stream) and _us_queued (200 kernels of 2.5 ms queued on it, as a
+// program that runs ahead of its GPU queues them), _us_flooded (another
+// thread launching 50000 kernels of 10 us, blocked on the full launch queue
+// as a job far ahead of its GPU is) and _us_syncing (another thread waiting
+// in cuCtxSynchronize on 500 ms of queued kernels).
+#include <cuda.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const char* const ptx = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry spin(.param .u64 ns) {
+  .reg .u64 %start, %now, %limit, %d;
+  .reg .pred %p;
+  ld.param.u64 %limit, [ns];
+  mov.u64 %start, %globaltimer;
+LOOP:
+  mov.u64 %now, %globaltimer;
+  sub.u64 %d, %now, %start;
+  setp.lt.u64 %p, %d, %limit;
+  @%p bra LOOP;
+  ret;
+}
+)";
+
+bool ok(CUresult status, const char* call) {
+  if (status == CUDA_SUCCESS) return true;
+  const char* text = nullptr;
+  cuGetErrorName(status, &text);
+  std::fprintf(stderr, "bench-vmm-busy: %s failed: %s\n", call, text ? text : "?");
+  return false;
+}
+
+double micros(const std::function<CUresult()>& call, const char* name, bool* good) {
+  const auto start = std::chrono::steady_clock::now();
+  *good &= ok(call(), name);
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct Kind {
+  std::string name;
+  CUmemAllocationProp prop;
+  std::size_t size;
+};
+
+}  // namespace
+
+int main() {
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  CUmodule module = nullptr;
+  CUfunction spin = nullptr;
+  CUstream stream = nullptr;
+  if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
+      !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
+      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") || !ok(cuModuleLoadData(&module, ptx), "cuModuleLoadData") ||
+      !ok(cuModuleGetFunction(&spin, module, "spin"), "cuModuleGetFunction") ||
+      !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
+    return 1;
+  }
+  int numa = -1;
+  cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
+  CUmemAllocationProp on_device{};
+  on_device.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  on_device.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+  CUmemAllocationProp on_host = on_device;
+  on_host.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa < 0 ? 0 : numa};
+  const Kind kinds[] = {{"device_2MiB", on_device, std::size_t{2} << 20},
+                        {"device_1GiB", on_device, std::size_t{1} << 30},
+                        {"host_2MiB", on_host, std::size_t{2} << 20},
+                        {"host_256MiB", on_host, std::size_t{256} << 20}};
+  CUevent event = nullptr;
+  if (!ok(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return 1;
+  bool good = true;
+  for (const Kind& k : kinds) {
+    const char* modes[5] = {"idle", "busy", "queued", "flooded", "syncing"};
+    double times[5][8] = {};
+    const char* names[8] = {"create", "reserve", "map", "set_access", "mem_get_info", "unmap", "release", "address_free"};
+    for (int mode = 0; mode < 5; ++mode) {
+      double* t = times[mode];
+      const int kernels = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? 50000 : 200;
+      unsigned long long ns = 500'000'000ull / (kernels ? kernels : 1);
+      void* params[] = {&ns};
+      auto launch_all = [&] {
+        CUresult status = cuCtxSetCurrent(context);
+        for (int i = 0; status == CUDA_SUCCESS && i < kernels; ++i) {
+          status = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr);
+        }
+        if (status == CUDA_SUCCESS) status = cuEventRecord(event, stream);
+        return status;
+      };
+      std::thread other;
+      bool other_good = true;  // the other thread's
+      if (mode == 3) {
+        other = std::thread([&] { other_good = ok(launch_all(), "cuLaunchKernel"); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the queue fills
+      } else if (kernels) {
+        good &= ok(launch_all(), "cuLaunchKernel");
+      }
+      if (mode == 4) {
+        other = std::thread([&] {
+          cuCtxSetCurrent(context);
+          other_good = ok(cuCtxSynchronize(), "cuCtxSynchronize");
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      CUmemGenericAllocationHandle handle = 0;
+      CUdeviceptr va = 0;
+      std::size_t free = 0, total = 0;
+      CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+      t[0] = micros([&] { return cuMemCreate(&handle, k.size, &k.prop, 0); }, "cuMemCreate", &good);
+      t[1] = micros([&] { return cuMemAddressReserve(&va, k.size, 0, 0, 0); }, "cuMemAddressReserve", &good);
+      t[2] = micros([&] { return cuMemMap(va, k.size, 0, handle, 0); }, "cuMemMap", &good);
+      t[3] = micros([&] { return cuMemSetAccess(va, k.size, &access, 1); }, "cuMemSetAccess", &good);
+      t[4] = micros([&] { return cuMemGetInfo_v2(&free, &total); }, "cuMemGetInfo", &good);
+      t[5] = micros([&] { return cuMemUnmap(va, k.size); }, "cuMemUnmap", &good);
+      t[6] = micros([&] { return cuMemRelease(handle); }, "cuMemRelease", &good);
+      t[7] = micros([&] { return cuMemAddressFree(va, k.size); }, "cuMemAddressFree", &good);
+      if (kernels && cuEventQuery(event) == CUDA_SUCCESS) {
+        std::fprintf(stderr, "bench-vmm-busy: %s %s: the kernels ended before the calls did: some call waited\n",
+                     k.name.c_str(), modes[mode]);
+      }
+      if (other.joinable()) other.join();
+      good &= other_good;
+      good &= ok(cuStreamSynchronize(stream), "cuStreamSynchronize");
+    }
+    for (int i = 0; i < 8; ++i) {
+      for (int mode = 0; mode < 5; ++mode) {
+        std::printf("BENCH vmm_%s_%s_us_%s %.1f us\n", names[i], k.name.c_str(), modes[mode], times[mode][i]);
+      }
+    }
+  }
+  // A chunk already mapped in many ranges (the pool maps a free chunk into
+  // each range stitched from it, up to 32): what one more mapping costs.
+  for (const Kind& k : kinds) {
+    CUmemGenericAllocationHandle handle = 0;
+    if (!ok(cuMemCreate(&handle, k.size, &k.prop, 0), "cuMemCreate")) return 1;
+    CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    std::vector<CUdeviceptr> ranges(33, 0);
+    double first = 0, last = 0;
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      const double us = micros(
+          [&] {
+            CUresult status = cuMemAddressReserve(&ranges[i], k.size, 0, 0, 0);
+            if (status == CUDA_SUCCESS) status = cuMemMap(ranges[i], k.size, 0, handle, 0);
+            return status == CUDA_SUCCESS ? cuMemSetAccess(ranges[i], k.size, &access, 1) : status;
+          },
+          "map again", &good);
+      (i == 0 ? first : last) = us;
+    }
+    for (CUdeviceptr va : ranges) {
+      if (va) {
+        cuMemUnmap(va, k.size);
+        cuMemAddressFree(va, k.size);
+      }
+    }
+    cuMemRelease(handle);
+    std::printf("BENCH vmm_map_once_%s_us %.1f us\n", k.name.c_str(), first);
+    std::printf("BENCH vmm_map_33rd_%s_us %.1f us\n", k.name.c_str(), last);
+  }
+  return good ? 0 : 1;
+}
