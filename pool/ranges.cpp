@@ -172,33 +172,6 @@ Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stre
   return nullptr;
 }
 
-CUresult Ranges::swap_piece(Range& range, std::size_t index, Piece& to) {
-  Piece* from = range.pieces[index];
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < index; ++i) offset += range.pieces[i]->memory.size();
-  Work& work = books_[range.device].work;
-  CUresult status;
-  {
-    Timer timer(work.driver_ns);
-    status = range.va.unmap(offset, from->memory.size());
-    if (status != CUDA_SUCCESS) return status;
-    status = range.va.map(offset, to.memory, range.device);
-    if (status != CUDA_SUCCESS && range.va.map(offset, from->memory, range.device) != CUDA_SUCCESS) {
-      // Neither maps: the range cannot serve again.
-      ++work.map_failed;
-      unmap(range);
-      return status;
-    }
-  }
-  ++work.unmaps;
-  ++work.maps;
-  if (status != CUDA_SUCCESS) return status;
-  std::erase(from->ranges, &range);
-  to.ranges.push_back(&range);
-  range.pieces[index] = &to;
-  return CUDA_SUCCESS;
-}
-
 bool Ranges::droppable(Piece& piece, bool wait) {
   return order_.complete(piece.pending, wait) &&
          std::all_of(piece.ranges.begin(), piece.ranges.end(),

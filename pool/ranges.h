@@ -67,10 +67,6 @@ struct Range {
 
 class Ranges {
  public:
-  // Ranges one chunk may be mapped in at once; beyond, the least recently
-  // used free one is unmapped.
-  static constexpr std::size_t max_ranges_per_piece = 32;
-
   Ranges(const vmm::Driver& driver, Books& books, StreamOrder& order, Pieces& pieces)
       : driver_(driver), books_(books), order_(order), pieces_(pieces) {}
 
@@ -97,9 +93,6 @@ class Ranges {
   Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off,
                      std::size_t most_spilled = 0);
   bool ready(const Range& range, StreamId stream);
-  // Maps `to` (a free device chunk of the same size) where the chunk at
-  // `index` of the free range `range` was, which stays with its other ranges.
-  CUresult swap_piece(Range& range, std::size_t index, Piece& to);
   // The first of the cached ranges `last` names (pool/recall.h) that is
   // still cached, its chunks all free and reusable on `stream` and its
   // spilled bytes within `off`, taken out of the cache with its chunks held;
@@ -124,6 +117,9 @@ class Ranges {
   }
 
  private:
+  // Ranges one chunk may be mapped in at once; beyond, the least recently
+  // used free one is unmapped.
+  static constexpr std::size_t max_ranges_per_piece = 32;
   // A range whose mapping takes longer is counted apart (Work::slow_maps).
   static constexpr uint64_t slow_map_ns = 10'000'000;
 

@@ -157,7 +157,6 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     const Recall::Last last = recall.last(key);
     r = ranges_.take_recalled(device, last, stream, off);
     if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any());
-    if (!r) r = repair_recalled(device, last, stream, device_short() ? OffDevice::any() : off);
   }
   if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
@@ -177,60 +176,6 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   recall.served(key, rounded, {r->va.base(), r->id});
   *range = r;
   return CUDA_SUCCESS;
-}
-
-Range* VmmPool::repair_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off) {
-  // Ranges with host chunks only: a device range is made again for microseconds.
-  // A device chunk swaps for about 0.1 ms, a host chunk for about 0.3 ms per MiB.
-  static constexpr std::size_t max_swaps = 64, max_host_swaps = 2;
-  for (const Recall::Served& served : last) {
-    Range* r = served.base ? ranges_.at(served.base) : nullptr;
-    if (!r || r->id != served.id || r->class_size || r->live) continue;
-    const std::size_t spilled = r->spilled_bytes();
-    // Its addresses are remapped: no kernel may still use them.
-    if (!spilled || spilled < off.least || spilled > off.most || !order_.complete(r->last_free, false)) continue;
-    std::vector<std::size_t> blocked;
-    std::size_t host = 0;
-    for (std::size_t i = 0; i < r->pieces.size() && blocked.size() <= max_swaps && host <= max_host_swaps; ++i) {
-      Piece* p = r->pieces[i];
-      if (!p->holder && order_.ready(p->pending, stream)) continue;
-      host += p->spilled;
-      blocked.push_back(i);
-    }
-    const bool hopeless = blocked.size() > max_swaps || host > max_host_swaps;
-    if (hopeless || blocked.empty()) continue;
-    std::vector<Piece*> spares;
-    for (std::size_t i : blocked) {
-      Piece* spare = spare_piece(device, *r->pieces[i], stream, *r, spares);
-      if (!spare) break;
-      spares.push_back(spare);
-    }
-    if (spares.size() < blocked.size()) continue;
-    bool swapped = true;
-    for (std::size_t k = 0; k < blocked.size() && swapped; ++k) {
-      swapped = ranges_.swap_piece(*r, blocked[k], *spares[k]) == CUDA_SUCCESS;
-    }
-    if (!swapped) return nullptr;  // the range may be gone
-    return ranges_.take_recalled(device, Recall::Last{served}, stream, off);
-  }
-  return nullptr;
-}
-
-Piece* VmmPool::spare_piece(int device, const Piece& like, StreamId stream, const Range& range,
-                            const std::vector<Piece*>& taken) {
-  FreePieces& free = pieces_.free(device);
-  const std::size_t size = like.memory.size();
-  for (auto it = free.lower_bound({size, 0}); it != free.end() && it->first.first == size; ++it) {
-    Piece* p = it->second;
-    if (!(p->memory.location() == like.memory.location()) || p->ranges.size() >= Ranges::max_ranges_per_piece ||
-        !order_.ready(p->pending, stream) ||
-        std::find(range.pieces.begin(), range.pieces.end(), p) != range.pieces.end() ||
-        std::find(taken.begin(), taken.end(), p) != taken.end()) {
-      continue;
-    }
-    return p;
-  }
-  return nullptr;
 }
 
 void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {

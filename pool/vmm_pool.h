@@ -159,18 +159,6 @@ class VmmPool {
   // `off_device`, a cached range with about that many spilled bytes, else a
   // new one with them.
   CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, Range** range);
-  // The first range partly off the device that `last` names (pool/recall.h)
-  // that could serve the request but for a few chunks another range holds
-  // (or not yet reusable on `stream`): those are swapped for free ones of
-  // their sizes and places and the range is taken. Mapping a device chunk
-  // costs about 0.1 ms; making the range again would map all its host chunks
-  // anew (about 0.3 ms per MiB in a spilled job: docs/results.md). Null if
-  // none can be.
-  Range* repair_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off);
-  // A free chunk of the size and place of `like`, reusable on `stream`, in
-  // none of `range` and `taken`; null if none.
-  Piece* spare_piece(int device, const Piece& like, StreamId stream, const Range& range,
-                     const std::vector<Piece*>& taken);
   // In free chunks; with `ready_on`, only those reusable on that stream now.
   std::size_t free_device_bytes(int device, std::optional<StreamId> ready_on = std::nullopt);
   // The live block `index` of `range` is free once `pending` completes.

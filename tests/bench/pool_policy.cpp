@@ -6,7 +6,7 @@
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
-//               [--max-last-step-host-maps M] [--own-cost] TRACE...
+//               [--own-cost] TRACE...
 // --host-memory gives the device a host tier of that budget (in chunks of
 // --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
 // --device-memory spill there, and an allocation placed off the device by use
@@ -14,9 +14,8 @@
 // per step, a step ending where the requested bytes come within a 64th of
 // their peak after falling below half of it (as pool/uses.h times steps);
 // --misses-from STEP also lists each request that needed a range made from
-// that step on. --max-last-step-maps (--max-last-step-host-maps) fails the
-// run when the trace's last whole step mapped more than that many chunks
-// (host chunks).
+// that step on. --max-last-step-maps fails the run when the trace's last
+// whole step mapped more than that many chunks.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -43,7 +42,7 @@ using gmem::accounting::accounts;
 using gmem::accounting::lag;
 using gmem::accounting::now;
 
-double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_last_step_host_maps = -1;
+double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1;
 std::size_t passes = 1;
 std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20;
 bool per_step = false;
@@ -92,7 +91,7 @@ int replay(const std::string& path) {
   gmem::pool::Work step_from;
   gmem::accounting::Accounts step_accounts;
   int step = 0;
-  uint64_t last_step_maps = 0, last_step_host_maps = 0;
+  uint64_t last_step_maps = 0;
   // The steady state, what every later step costs: the last pass when the
   // trace is replayed several times (a job whose steps repeat their requests
   // exactly), else the trace's second half (its steps vary).
@@ -143,7 +142,6 @@ int replay(const std::string& path) {
     }
     if (steps.ended(requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
-      last_step_host_maps = accounts.host_maps - step_accounts.host_maps;
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu (host %llu) "
@@ -190,11 +188,6 @@ int replay(const std::string& path) {
   if (max_last_step_maps >= 0 && double(last_step_maps) > max_last_step_maps) {
     fprintf(stderr, "pool-policy: %s: %llu mappings in the last whole step, above %.0f\n", path.c_str(),
             static_cast<unsigned long long>(last_step_maps), max_last_step_maps);
-    return 1;
-  }
-  if (max_last_step_host_maps >= 0 && double(last_step_host_maps) > max_last_step_host_maps) {
-    fprintf(stderr, "pool-policy: %s: %llu host chunks mapped in the last whole step, above %.0f\n", path.c_str(),
-            static_cast<unsigned long long>(last_step_host_maps), max_last_step_host_maps);
     return 1;
   }
   if (max_ratio > 0 && ratio > max_ratio) {
@@ -262,8 +255,6 @@ int main(int argc, char** argv) {
       misses_from = std::atoi(argv[++i]);
     } else if (a == "--max-steady-maps" && i + 1 < argc) {
       max_steady_maps = std::strtod(argv[++i], nullptr);
-    } else if (a == "--max-last-step-host-maps" && i + 1 < argc) {
-      max_last_step_host_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--max-last-step-maps" && i + 1 < argc) {
       max_last_step_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--lag" && i + 1 < argc) {
@@ -283,8 +274,7 @@ int main(int argc, char** argv) {
   if (!traces) {
     fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
                     "[--misses-from STEP] [--passes N] "
-                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M] "
-                    "[--max-last-step-host-maps M] [--own-cost] TRACE...\n");
+                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;
