@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -303,7 +304,13 @@ int main(int argc, char** argv) {
   std::string conf = std::string(getenv("GMEM_TEST_CONF") ? getenv("GMEM_TEST_CONF") : "pool:vmm") +
                      ",stats_dir:" + gmem_test::stats_dir;
   setenv("GMEM_CONF", conf.c_str(), 1);
-  int status = RUN_ALL_TESTS();
-  rmdir(dir);
-  return status;
+  // Runs after the shim's own exit handler (registered later, at the first
+  // CUDA call), which must have removed the stats file.
+  atexit([] {
+    if (rmdir(gmem_test::stats_dir.c_str()) != 0) {
+      fprintf(stderr, "pool-access: the stats file was not removed at exit\n");
+      _exit(1);
+    }
+  });
+  return RUN_ALL_TESTS();
 }

@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <string>
@@ -170,7 +171,13 @@ int main(int argc, char** argv) {
   gmem_test::stats_dir = dir;
   std::string conf = std::string(getenv("GMEM_TEST_CONF")) + ",stats_dir:" + dir;
   setenv("GMEM_CONF", conf.c_str(), 1);
-  int status = RUN_ALL_TESTS();
-  rmdir(dir);
-  return status;
+  // Runs after the shim's own exit handler (registered later, at the first
+  // CUDA call), which must have removed the stats file.
+  atexit([] {
+    if (rmdir(gmem_test::stats_dir.c_str()) != 0) {
+      fprintf(stderr, "torch-retry: the stats file was not removed at exit\n");
+      _exit(1);
+    }
+  });
+  return RUN_ALL_TESTS();
 }
