@@ -4,6 +4,7 @@ with ctypes; gmemd brokers. Run by meson (suite dedup) with GMEM_SHIM,
 GMEM_EMU, GMEMD and GMEM_SCRIPTS set (GMEM_SANITIZE: the build's b_sanitize)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,7 @@ class Helper(unittest.TestCase):
         self.gmemd.terminate()
         self.assertEqual(self.gmemd.wait(), 0)
         self.log.close()
+        shutil.rmtree(self.dir)
 
     def child(self, conf, *extra):
         env = dict(os.environ, LD_PRELOAD=os.environ["GMEM_SHIM"], GMEM_REAL_LIBCUDA=os.environ["GMEM_EMU"],
