@@ -22,6 +22,8 @@
 
 #include "ipc/fd_passing.h"
 
+#include "driver_call.h"
+
 namespace {
 
 std::size_t env_size(const char* name, std::size_t fallback) {
@@ -29,13 +31,7 @@ std::size_t env_size(const char* name, std::size_t fallback) {
   return text ? std::strtoull(text, nullptr, 10) : fallback;
 }
 
-bool ok(CUresult status, const char* call) {
-  if (status == CUDA_SUCCESS) return true;
-  const char* text = nullptr;
-  cuGetErrorName(status, &text);
-  std::fprintf(stderr, "bench-pin: %s failed: %s\n", call, text ? text : "?");
-  return false;
-}
+bool ok(CUresult status, const char* call) { return gmem::bench::call_ok("bench-pin", status, call); }
 
 // Creates every chunk of `handles` with `threads` threads taking the next one
 // in turn; seconds taken, or a negative value if a creation failed.

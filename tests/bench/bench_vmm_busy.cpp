@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "driver_call.h"
+
 namespace {
 
 const char* const ptx = R"(
@@ -41,13 +43,7 @@ LOOP:
 }
 )";
 
-bool ok(CUresult status, const char* call) {
-  if (status == CUDA_SUCCESS) return true;
-  const char* text = nullptr;
-  cuGetErrorName(status, &text);
-  std::fprintf(stderr, "bench-vmm-busy: %s failed: %s\n", call, text ? text : "?");
-  return false;
-}
+bool ok(CUresult status, const char* call) { return gmem::bench::call_ok("bench-vmm-busy", status, call); }
 
 double micros(const std::function<CUresult()>& call, const char* name, bool* good) {
   const auto start = std::chrono::steady_clock::now();
