@@ -20,9 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/fd_passing.h"
-
 #include "driver_call.h"
+#include "ipc/fd_passing.h"
 
 namespace {
 
