@@ -11,7 +11,9 @@
 // program that runs ahead of its GPU queues them), _us_flooded (another
 // thread launching 50000 kernels of 10 us, blocked on the full launch queue
 // as a job far ahead of its GPU is) and _us_syncing (another thread waiting
-// in cuCtxSynchronize on 500 ms of queued kernels).
+// in cuCtxSynchronize on 500 ms of queued kernels) and _us_streaming (a
+// kernel on every SM reading 1 GiB of pinned host memory over PCIe, as a
+// spilled job's kernels do).
 #include <cuda.h>
 
 #include <chrono>
@@ -39,6 +41,37 @@ LOOP:
   sub.u64 %d, %now, %start;
   setp.lt.u64 %p, %d, %limit;
   @%p bra LOOP;
+  ret;
+}
+.visible .entry stream_read(.param .u64 p, .param .u64 words, .param .u64 ns) {
+  .reg .u64 %base, %n, %limit, %start, %now, %i, %idx, %addr, %v, %acc, %stride, %d;
+  .reg .u32 %thread, %threads, %block, %blocks, %t;
+  .reg .pred %p;
+  ld.param.u64 %base, [p];
+  ld.param.u64 %n, [words];
+  ld.param.u64 %limit, [ns];
+  mov.u32 %thread, %tid.x;
+  mov.u32 %threads, %ntid.x;
+  mov.u32 %block, %ctaid.x;
+  mov.u32 %blocks, %nctaid.x;
+  mad.lo.u32 %t, %block, %threads, %thread;
+  cvt.u64.u32 %i, %t;
+  mul.wide.u32 %stride, %threads, %blocks;
+  mov.u64 %acc, 0;
+  mov.u64 %start, %globaltimer;
+READ:
+  rem.u64 %idx, %i, %n;
+  shl.b64 %addr, %idx, 3;
+  add.u64 %addr, %addr, %base;
+  ld.global.cv.u64 %v, [%addr];
+  add.u64 %acc, %acc, %v;
+  add.u64 %i, %i, %stride;
+  mov.u64 %now, %globaltimer;
+  sub.u64 %d, %now, %start;
+  setp.lt.u64 %p, %d, %limit;
+  @%p bra READ;
+  setp.eq.u64 %p, %acc, 12345;
+  @%p st.global.u64 [%base], %acc;
   ret;
 }
 )";
@@ -85,14 +118,29 @@ int main() {
                         {"host_256MiB", on_host, std::size_t{256} << 20}};
   CUevent event = nullptr;
   if (!ok(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return 1;
+  // What the streaming kernel reads: 1 GiB of host memory mapped as the pool maps it.
+  CUfunction stream_read = nullptr;
+  CUmemGenericAllocationHandle read_handle = 0;
+  CUdeviceptr read_va = 0;
+  const std::size_t read_size = std::size_t{1} << 30;
+  CUmemAccessDesc read_access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  int sms = 0;
+  if (!ok(cuModuleGetFunction(&stream_read, module, "stream_read"), "cuModuleGetFunction") ||
+      !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute") ||
+      !ok(cuMemCreate(&read_handle, read_size, &on_host, 0), "cuMemCreate") ||
+      !ok(cuMemAddressReserve(&read_va, read_size, 0, 0, 0), "cuMemAddressReserve") ||
+      !ok(cuMemMap(read_va, read_size, 0, read_handle, 0), "cuMemMap") ||
+      !ok(cuMemSetAccess(read_va, read_size, &read_access, 1), "cuMemSetAccess")) {
+    return 1;
+  }
   bool good = true;
   for (const Kind& k : kinds) {
-    const char* modes[5] = {"idle", "busy", "queued", "flooded", "syncing"};
-    double times[5][8] = {};
+    const char* modes[6] = {"idle", "busy", "queued", "flooded", "syncing", "streaming"};
+    double times[6][8] = {};
     const char* names[8] = {"create", "reserve", "map", "set_access", "mem_get_info", "unmap", "release", "address_free"};
-    for (int mode = 0; mode < 5; ++mode) {
+    for (int mode = 0; mode < 6; ++mode) {
       double* t = times[mode];
-      const int kernels = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? 50000 : 200;
+      const int kernels = mode == 0 || mode == 5 ? 0 : mode == 1 ? 1 : mode == 3 ? 50000 : 200;
       unsigned long long ns = 500'000'000ull / (kernels ? kernels : 1);
       void* params[] = {&ns};
       auto launch_all = [&] {
@@ -110,6 +158,14 @@ int main() {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the queue fills
       } else if (kernels) {
         good &= ok(launch_all(), "cuLaunchKernel");
+      }
+      if (mode == 5) {
+        unsigned long long words = read_size / 8, read_ns = 500'000'000;
+        void* read_params[] = {&read_va, &words, &read_ns};
+        good &= ok(cuLaunchKernel(stream_read, unsigned(sms) * 8, 1, 1, 256, 1, 1, 0, stream, read_params, nullptr),
+                   "cuLaunchKernel");
+        good &= ok(cuEventRecord(event, stream), "cuEventRecord");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // it runs
       }
       if (mode == 4) {
         other = std::thread([&] {
@@ -130,7 +186,7 @@ int main() {
       t[5] = micros([&] { return cuMemUnmap(va, k.size); }, "cuMemUnmap", &good);
       t[6] = micros([&] { return cuMemRelease(handle); }, "cuMemRelease", &good);
       t[7] = micros([&] { return cuMemAddressFree(va, k.size); }, "cuMemAddressFree", &good);
-      if (kernels && cuEventQuery(event) == CUDA_SUCCESS) {
+      if ((kernels || mode == 5) && cuEventQuery(event) == CUDA_SUCCESS) {
         std::fprintf(stderr, "bench-vmm-busy: %s %s: the kernels ended before the calls did: some call waited\n",
                      k.name.c_str(), modes[mode]);
       }
@@ -139,11 +195,14 @@ int main() {
       good &= ok(cuStreamSynchronize(stream), "cuStreamSynchronize");
     }
     for (int i = 0; i < 8; ++i) {
-      for (int mode = 0; mode < 5; ++mode) {
+      for (int mode = 0; mode < 6; ++mode) {
         std::printf("BENCH vmm_%s_%s_us_%s %.1f us\n", names[i], k.name.c_str(), modes[mode], times[mode][i]);
       }
     }
   }
+  cuMemUnmap(read_va, read_size);
+  cuMemAddressFree(read_va, read_size);
+  cuMemRelease(read_handle);
   // A chunk already mapped in many ranges (the pool maps a free chunk into
   // each range stitched from it, up to 32): what one more mapping costs.
   for (const Kind& k : kinds) {
