@@ -148,8 +148,9 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     }
     return *short_of_device;
   };
-  // While the device spills, a request takes first the range that served the
-  // same request last (pool/recall.h), placed as it was then.
+  // While the device spills, a request takes first a range that served the
+  // same request last (pool/recall.h), placed as it was then, by the rules of
+  // placement any cached range serves by.
   Recall& recall = recall_[device];
   const uint64_t key = recall.key(rounded);
   Range* r = nullptr;
