@@ -10,12 +10,13 @@
 // --host-memory gives the device a host tier of that budget (in chunks of
 // --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
 // --device-memory spill there, and an allocation placed off the device by use
-// when recorded (gmem's own traces, GMEM_CONF trace:FILE) asks for the same. --per-step prints the pool's work
-// per step, a step ending where the requested bytes come within a 64th of
-// their peak after falling below half of it (as pool/uses.h times steps);
-// --misses-from STEP also lists each request that needed a range made from
-// that step on. --max-last-step-maps fails the run when the trace's last
-// whole step mapped more than that many chunks.
+// when recorded (gmem's own traces, GMEM_CONF trace:FILE) asks for the same.
+// --per-step prints the pool's work per step, a step ending where the
+// requested bytes come within a 64th of their peak after falling below half
+// of it (as pool/uses.h times steps), and what the pool held then and how
+// much of it was cached free; --misses-from STEP also lists each request
+// that needed a range made from that step on. --max-last-step-maps fails the
+// run when the trace's last whole step mapped more than that many chunks.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -145,7 +146,7 @@ int replay(const std::string& path) {
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu (host %llu) "
-             "released %llu; host held %.2f GB\n",
+             "released %llu; host held %.2f GB; at the peak %.2f GB cached free of %.2f GB held\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -153,7 +154,8 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
-             static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9);
+             static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9,
+             double(pool.cached_bytes(0)) / 1e9, double(pool.figures(0).reserved) / 1e9);
       ++step;
       step_from = w;
       step_accounts = accounts;
