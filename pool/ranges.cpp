@@ -130,11 +130,13 @@ Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, St
                            std::size_t most_spilled) {
   most_spilled = std::max(most, most_spilled);
   auto placed = [&](const Range& r) {
+    const bool larger = r.va.size() > most;
+    if (!larger && off.least == 0 && off.most == SIZE_MAX) return true;  // any placement: no need to count
     const std::size_t spilled = r.spilled_bytes();
     // A larger range only where the request would hold all its device
     // memory: what it has beyond the request is host memory a new range
     // would round up to as well.
-    if (r.va.size() > most && (!spilled || r.va.size() - spilled > rounded)) return false;
+    if (larger && (!spilled || r.va.size() - spilled > rounded)) return false;
     return spilled >= off.least && spilled <= off.most;
   };
   CachedRanges& cached = cached_[device];
