@@ -11,7 +11,6 @@ uint64_t lag = 0, now = 0;
 namespace {
 
 std::vector<uint64_t> recorded;  // by event: the call it was recorded at
-std::map<CUmemGenericAllocationHandle, bool> on_host;  // by chunk
 
 CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
                 unsigned long long) {
@@ -22,15 +21,13 @@ CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CU
   ++accounts.creates;
   accounts.host_creates += host;
   *handle = accounts.next_handle++;
-  accounts.chunks[*handle] = size;
-  on_host[*handle] = host;
+  accounts.chunks[*handle] = {size, host};
   return CUDA_SUCCESS;
 }
 CUresult release(CUmemGenericAllocationHandle handle) {
   auto it = accounts.chunks.find(handle);
   if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
-  (on_host[handle] ? accounts.host_used : accounts.used) -= it->second;
-  on_host.erase(handle);
+  (it->second.host ? accounts.host_used : accounts.used) -= it->second.size;
   accounts.chunks.erase(it);
   ++accounts.releases;
   return CUDA_SUCCESS;
@@ -43,7 +40,8 @@ CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, u
 CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
 CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
   ++accounts.maps;
-  accounts.host_maps += on_host[handle];
+  auto it = accounts.chunks.find(handle);
+  accounts.host_maps += it != accounts.chunks.end() && it->second.host;
   return CUDA_SUCCESS;
 }
 CUresult unmap(CUdeviceptr, std::size_t) {
@@ -94,7 +92,6 @@ void reset(std::size_t total) {
   accounts = Accounts();
   accounts.total = total;
   recorded.clear();
-  on_host.clear();
   now = 0;
 }
 

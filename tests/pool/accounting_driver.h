@@ -18,7 +18,11 @@ struct Accounts {
   std::size_t total = std::size_t{80} << 30;
   std::size_t used = 0;       // device memory
   std::size_t host_used = 0;  // pinned host memory (the tiers keep its budget)
-  std::map<CUmemGenericAllocationHandle, std::size_t> chunks;
+  struct Chunk {
+    std::size_t size;
+    bool host;  // pinned host memory, else the device's
+  };
+  std::map<CUmemGenericAllocationHandle, Chunk> chunks;
   CUmemGenericAllocationHandle next_handle = 1;
   CUdeviceptr next_address = CUdeviceptr{1} << 40;
   uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
