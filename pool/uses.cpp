@@ -55,12 +55,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
-  if (used < d.peak_used / 2) d.armed = true;
-  if (used + d.peak_used / 64 < d.peak_used) return false;
-  if (d.armed) {
-    d.armed = false;
-    stepped(d, now_ns, work);
-  }
+  if (d.step_ends.ended(used, d.peak_used)) stepped(d, now_ns, work);
   if (used < d.peak_used) return false;
   d.peak_used = used;
   return true;

@@ -38,6 +38,22 @@
 
 namespace gmem::pool {
 
+// Where a job's steps end: its use comes within a 64th of its peak after
+// falling below half of it since the last end.
+class StepEnds {
+ public:
+  // The use is now `used`, its peak `peak`: true where a step ends.
+  bool ended(std::size_t used, std::size_t peak) {
+    if (used < peak / 2) armed_ = true;
+    if (!armed_ || used + peak / 64 < peak) return false;
+    armed_ = false;
+    return true;
+  }
+
+ private:
+  bool armed_ = false;  // use fell below half the peak since the last end
+};
+
 class Uses {
  public:
   // Allocations below this size are not followed (they live in slabs and
@@ -110,7 +126,7 @@ class Uses {
     std::size_t lacked = 0;  // at the last peak
     bool replan = false;
     Trial trial = Trial::ordered;
-    bool armed = false;      // use fell below half the peak since the last step's
+    StepEnds step_ends;
     int64_t step_ns = 0;     // when the last step reached its peak
     int steps = 0;           // steps timed in this phase of the trial
     int64_t ordered_ns = 0;  // the shortest step in the order requested

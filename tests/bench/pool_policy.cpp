@@ -34,6 +34,7 @@
 
 #include "accounting_driver.h"
 #include "pool/tiers.h"
+#include "pool/uses.h"
 #include "pool/vmm_pool.h"
 #include "trace.h"
 
@@ -48,24 +49,6 @@ std::size_t passes = 1;
 std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20;
 bool per_step = false;
 int misses_from = INT32_MAX;
-
-// Steps as pool/uses.h finds them: the bytes requested come within a 64th of
-// their peak, after falling below half of it since the last step.
-class Steps {
- public:
-  explicit Steps(uint64_t peak) : peak_(peak) {}
-  // The bytes requested are now `live`: true at the end of a step.
-  bool ended(uint64_t live) {
-    if (live < peak_ / 2) armed_ = true;
-    if (!armed_ || live + peak_ / 64 < peak_) return false;
-    armed_ = false;
-    return true;
-  }
-
- private:
-  const uint64_t peak_;
-  bool armed_ = false;
-};
 
 int replay(const std::string& path) {
   std::string error;
@@ -88,7 +71,7 @@ int replay(const std::string& path) {
   std::vector<CUdeviceptr> live(trace->ids, 0);
   std::vector<uint64_t> live_bytes(trace->ids, 0);
   uint64_t requested = 0;
-  Steps steps(trace->peak_requested);
+  gmem::pool::StepEnds step_ends;  // as the shim times steps, on the bytes requested
   gmem::pool::Work step_from;
   gmem::accounting::Accounts step_accounts;
   int step = 0;
@@ -141,7 +124,7 @@ int replay(const std::string& path) {
       requested -= live_bytes[e.id];
       live_bytes[e.id] = 0;
     }
-    if (steps.ended(requested)) {
+    if (step_ends.ended(requested, trace->peak_requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
