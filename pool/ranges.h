@@ -87,9 +87,10 @@ class Ranges {
   void cache(Range& range);
   // Of the cached ranges of `device` from `rounded` to `most` bytes (to
   // `most_spilled` for ranges partly off the device with no more of the
-  // device's memory than `rounded`: their host chunks round up) whose chunks are all free and reusable on `stream` and whose spilled
-  // bytes are within `off`, the oldest of the smallest size, taken out of the
-  // cache with its chunks held; null if none.
+  // device's memory than `rounded`: their host chunks round up) whose
+  // chunks are all free and reusable on `stream` and whose spilled bytes are
+  // within `off`, the oldest of the smallest size, taken out of the cache
+  // with its chunks held; null if none.
   Range* take_cached(int device, std::size_t rounded, std::size_t most, StreamId stream, OffDevice off,
                      std::size_t most_spilled = 0);
   bool ready(const Range& range, StreamId stream);

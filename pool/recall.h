@@ -1,8 +1,9 @@
 // What served each kind of request last, so that a job whose steps repeat
 // their requests gets the same ranges, placed as they were, step after step:
-// once the device spills, a new range costs remaps (and the driver's unmaps
-// wait for the device), and the choice by size alone lets the spilled ranges
-// of one step drift onto other requests of the next.
+// once the device spills, a new range costs mappings (10-50 times what they
+// cost idle while kernels stream over PCIe: docs/results.md), and the choice
+// by size alone lets the spilled ranges of one step drift onto other
+// requests of the next.
 //
 // A request is known by its rounded size and how many allocations of that
 // size are live when it comes: in a step that repeats the one before, the
@@ -10,8 +11,9 @@
 // finds two), with no need to know where steps begin. Requests may share a
 // key (a temporary made and freed again and again; a gradient the size of an
 // activation freed before it): the last `remembered` ranges that served a key
-// are tried, the most recent first. A job whose requests never repeat fills no more than max_keys entries
-// before they are forgotten. Used under VmmPool's lock.
+// are tried, the most recent first. A job whose requests never repeat fills
+// no more than max_keys entries before they are forgotten. Used under
+// VmmPool's lock.
 #pragma once
 
 #include <cuda.h>

@@ -7,8 +7,7 @@
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
 // percentage of a capacity: 50%), mem_info (device or tiers), socket (an
 // absolute path, or empty for the default), file (an absolute path, or empty
-// for none), millis (a whole number of
-// milliseconds, at most an hour).
+// for none), millis (a whole number of milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -100,9 +99,9 @@
     "(/run/gmem/dedup.sock for root, /tmp/gmem-UID/dedup.sock without XDG_RUNTIME_DIR)") \
   X(trace, file, "",                                                                 \
     "pool:vmm writes every request it serves to this file (%p: the process id) as an " \
-    "allocation trace "                                                                 \
-    "(tests/traces/README.md; each allocation with the bytes placed off the device "   \
-    "by use), to be replayed without a GPU by pool-policy; empty: none")               \
+    "allocation trace (tests/traces/README.md; each allocation with the bytes placed " \
+    "off the device by use), to be replayed without a GPU by pool-policy; empty: "    \
+    "none")                                                                            \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")

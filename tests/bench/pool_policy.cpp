@@ -128,8 +128,9 @@ int replay(const std::string& path) {
       last_step_maps = accounts.maps - step_accounts.maps;
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
-      if (per_step) printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu (host %llu) "
-             "released %llu; host held %.2f GB; at the peak %.2f GB cached free of %.2f GB held\n",
+      if (per_step) {
+        printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
+               "(host %llu) released %llu; host held %.2f GB; at the peak %.2f GB cached free of %.2f GB held\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -139,6 +140,7 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
              static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9,
              double(pool.cached_bytes(0)) / 1e9, double(pool.figures(0).reserved) / 1e9);
+      }
       ++step;
       step_from = w;
       step_accounts = accounts;
@@ -257,9 +259,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!traces) {
-    fprintf(stderr, "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
-                    "[--misses-from STEP] [--passes N] "
-                    "[--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M] [--own-cost] TRACE...\n");
+    fprintf(stderr,
+            "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
+            "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
+            "[--max-last-step-maps M] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;

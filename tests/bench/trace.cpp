@@ -64,8 +64,10 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     } else if (op == "f" && field(fields, max_id, &id)) {
       e = Event{false, static_cast<std::uint32_t>(id), 0, 0};
     } else {
-      return fail("expected 'a ID BYTES STREAM [OFF_DEVICE]' or 'f ID' (ID < 2^24, 0 < BYTES < 2^48, STREAM < 256, OFF_DEVICE <= BYTES), found '" +
-                  line.substr(0, 60) + "'");
+      return fail(
+          "expected 'a ID BYTES STREAM [OFF_DEVICE]' or 'f ID' (ID < 2^24, 0 < BYTES < 2^48, STREAM < 256, "
+          "OFF_DEVICE <= BYTES), found '" +
+          line.substr(0, 60) + "'");
     }
     std::string rest;
     if (fields >> rest) return fail("unexpected '" + rest.substr(0, 20) + "' after the event");
