@@ -8,8 +8,8 @@
 #   bash scripts/gpu-test.sh [--quick] [STEP...]
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
-#     Steps that take minutes (spill-train-gnn, spill-train-lm, torch-default-lm,
-#     torch-default-losses) run only when named in full.
+#     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
+#     torch-default-lm, torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -523,6 +523,12 @@ fi
 if named spill-train-lm; then
   step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
 fi
+# The LM with its sequence length cycling through 256-4096 (size: tokens per
+# step) at the tokens of lm 264 and 400 (about 1.6 and 2.1x an H100), against
+# the tokens of lm 128 in memory; 10 steps: each length twice.
+if named spill-train-lmvar; then
+  step spill-train-lmvar 580 "${spill_train[@]}" --job lmvar --sizes 540672 819200 --reference 262144 --steps 10
+fi
 
 # PyTorch's default caching allocator under nothing but LD_PRELOAD (no
 # GMEM_CONF, no PYTORCH_CUDA_ALLOC_CONF; torch_retry:1 makes torch give its
@@ -560,14 +566,14 @@ step train-vmm-pool 300 "${train[@]}" --out "$out/train-vmm" --mode both --conf 
     echo
     grep '^- `' "$log" | sed "s|$PWD/||g"
   done
-  for job in gnn lm; do
+  for job in gnn lm lmvar; do
     [[ " ${logs[*]} " == *" $out/spill-train-$job.log "* ]] || continue
     echo
     echo "Training past the GPU's memory (\`tests/gpu/spill_train.py --job $job\`):"
     echo
     grep '^|' "$out/spill-train-$job.log"
     echo
-    grep -E '^(GPU: |- [0-9]+: gmem)' "$out/spill-train-$job.log"
+    grep -E '^(GPU: |- [0-9]+: gmem|- [0-9]+, median step by)' "$out/spill-train-$job.log"
   done
   if [[ " ${logs[*]} " == *" $out/allreduce-shim.log "* ]]; then
     echo

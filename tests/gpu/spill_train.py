@@ -1,5 +1,9 @@
 """Training past the GPU's memory on gmem's spill tiers, with sweep.py's
-children (one process per run, the same GCN / transformer LM and settings).
+children (one process per run, the same jobs and settings): --job gnn (size:
+nodes of the GCN's graph), lm (size: the batch of the transformer LM at
+sequence 2048) or lmvar (size: tokens per step of the same LM, its sequence
+length cycling through 256, 512, 1024, 2048 and 4096, one per step; lm at
+batch B and lmvar at B x 2048 tokens have about the same memory peak).
 Three modes:
 
 step times (default): --sizes S... [--reference R]
@@ -12,12 +16,15 @@ step times (default): --sizes S... [--reference R]
   estimate of them (host_access_bytes over the step: the host bytes of every
   pool range each launch referenced, an upper bound), the PCIe limit time
   (the busier direction's measured bytes / --pcie-gbps) and step / limit; then, per size, each
-  step's time, bytes and limit, the tiers gmem held at the end (its stats
-  file) and its `gmem: report` lines. BENCH lines: spill_<job>_<size>_step_ms,
-  _gpu_multiple, _vs_in_memory_scaled, _pcie_gb_per_step,
-  _host_access_gb_per_step, _pcie_limit_ms, _step_vs_pcie_limit,
-  _first_step_vs_steady (the first warmup step over the median timed one) and
-  spill_<job>_<R>_in_memory_step_ms.
+  step's time, bytes and limit (with lmvar, its sequence length and batch,
+  and the median step of each length), the tiers gmem held at the end (its
+  stats file) and its `gmem: report` lines. lmvar's steps take different
+  times by length, so its median step is the median of the mix: --steps a
+  multiple of 5 gives every length its share (10: each length twice).
+  BENCH lines: spill_<job>_<size>_step_ms, _gpu_multiple,
+  _vs_in_memory_scaled, _pcie_gb_per_step, _host_access_gb_per_step,
+  _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first
+  warmup step over the median timed one) and spill_<job>_<R>_in_memory_step_ms.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
   the run.
@@ -26,7 +33,8 @@ losses: --losses FILE --size S
   One run at S under --setting with torch.use_deterministic_algorithms(True)
   and CUBLAS_WORKSPACE_CONFIG=:4096:8; writes every step's loss (float.hex,
   warmup steps first) to FILE as JSON with the job, size, setting, GPU, torch
-  and the environment set (PYTORCH_CUDA_ALLOC_CONF, GMEM_CONF, ...).
+  and the environment set (PYTORCH_CUDA_ALLOC_CONF, GMEM_CONF, ...). With
+  lmvar, --warmup 1 --steps 9 trains each sequence length twice.
 
 compare: --compare A.json B.json
   Exit 0 if the two runs' losses are bit-identical, else 1, naming the first
@@ -35,6 +43,7 @@ compare: --compare A.json B.json
   python3 tests/gpu/spill_train.py --shim .carry/libcuda.so.1 --job gnn --sizes 3.6e6 4.7e6 --reference 3.6e6 --out DIR
   python3 tests/gpu/spill_train.py --job gnn --size 4.7e6 --setting async --losses h200.json
   python3 tests/gpu/spill_train.py --compare h200.json h100.json
+  python3 tests/gpu/spill_train.py --shim .carry/libcuda.so.1 --job lmvar --sizes 8.192e5 --steps 10 --out DIR
 
 Spilled steps may take many seconds each: --warmup 1 and --steps 2 by default,
 --timeout per run.
@@ -102,8 +111,11 @@ def step_times(args):
     for size, r in runs.items():
         if r["ok"]:
             print(f"\n{size}, {args.setting} ({r['log']}):")
-            for line in step_lines(r, args.pcie_gbps):
+            sequences = [sweep.step_sequence(args.job, size, args.warmup + i) for i in range(len(r["steps_ms"]))]
+            for line in step_lines(r, args.pcie_gbps, sequences):
                 print(line)
+            if any(sequences):
+                print(by_sequence_line(size, r, sequences))
             print(tiers_line(size, r))
             if "spilled_sample" in r:
                 print(spilled_line(size, r))
@@ -151,12 +163,14 @@ def limit_ms(step, gbps):
     return max(step) / (gbps * GB) * 1e3
 
 
-def step_lines(r, gbps):
-    """Each timed step: its time, the bytes that crossed PCIe (measured, and
-    gmem's estimate) and the limit time of the measured bytes."""
+def step_lines(r, gbps, sequences):
+    """Each timed step: its time, its sequence length and batch where they
+    change per step (`sequences`: sweep.step_sequence's of each step), the
+    bytes that crossed PCIe (measured, and gmem's estimate) and the limit time
+    of the measured bytes."""
     out = []
-    for i, ms in enumerate(r.get("steps_ms", [])):
-        line = f"- step {i}: {ms:.1f} ms"
+    for i, (ms, sequence) in enumerate(zip(r.get("steps_ms", []), sequences)):
+        line = f"- step {i}: {ms:.1f} ms" + (" (sequence {}, batch {})".format(*sequence) if sequence else "")
         if i < len(r.get("pcie_bytes", [])):
             to_device, to_host = r["pcie_bytes"][i]
             limit = limit_ms((to_device, to_host), gbps)
@@ -166,6 +180,17 @@ def step_lines(r, gbps):
             line += f"; gmem's estimate {r['host_access_bytes'][i] / GB:.2f} GB"
         out.append(line)
     return out
+
+
+def by_sequence_line(size, r, sequences):
+    """The median timed step of each sequence length, for a job whose sequence
+    length changes per step."""
+    times = {}
+    for ms, sequence in zip(r["steps_ms"], sequences):
+        times.setdefault(sequence, []).append(ms)
+    return f"- {size}, median step by sequence length: " + "; ".join(
+        f"{length} (batch {batch}): {statistics.median(t):.1f} ms ({len(t)} steps)"
+        for (length, batch), t in sorted(times.items()))
 
 
 def tiers_line(size, r):
@@ -254,8 +279,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two --losses files")
     ap.add_argument("--losses", metavar="FILE", help="one deterministic run at --size; its losses to FILE (JSON)")
-    ap.add_argument("--job", choices=list(sweep.JOBS), help="gnn (size: nodes) or lm (size: batch)")
-    ap.add_argument("--sizes", nargs="+", type=float, help="step-time mode: the sizes to run")
+    ap.add_argument("--job", choices=list(sweep.JOBS),
+                    help=", ".join(f"{job} (size: {unit})" for job, unit in sweep.SIZE_UNITS.items()))
+    ap.add_argument("--sizes", nargs="+", type=float, help="step-time mode: the sizes to run (819200 or 8.192e5)")
     ap.add_argument("--size", type=float, help="losses mode: the size to run")
     ap.add_argument("--reference", type=float,
                     help="step-time mode: a size that fits in memory, run under --reference-setting as the baseline")

@@ -1,12 +1,13 @@
 """The largest training job that fits, under each allocator setting: PyTorch's
 stock caching allocator, expandable_segments, backend:cudaMallocAsync, and
 gmem's VMM pool under the stock allocator and under cudaMallocAsync. For each
-setting a bisection over --sizes (nodes of a GCN's graph, or the batch of a
-transformer LM) finds the largest size whose training steps all run; each try
-is its own process. Prints a markdown table and BENCH lines: the largest size,
-the median step time and the peak physical memory / peak tensors at each size
-tried, and gmem's step time against expandable_segments' at the largest size
-both train. A try that fails other than by running out of memory fails the run.
+setting a bisection over --sizes (gnn: nodes of a GCN's graph; lm: the batch
+of a transformer LM at sequence 2048; lmvar: the tokens per step of the same LM
+with a sequence length that changes every step) finds the largest size whose
+training steps all run; each try is its own process. Prints a markdown table
+and BENCH lines: the largest size, the median step time and the peak physical
+memory / peak tensors at each size tried, and gmem's step time against
+expandable_segments' at the largest size both train. A try that fails other than by running out of memory fails the run.
 
   python3 tests/gpu/sweep.py --shim .carry/libcuda.so.1 --job gnn --sizes 2e6 2.5e6 3e6 --out DIR
 
@@ -19,6 +20,7 @@ tests/gpu/spill_train.py runs the same children at fixed sizes past the GPU's
 memory and for losses to compare across machines.
 """
 import argparse
+import itertools
 import json
 import os
 import re
@@ -86,7 +88,66 @@ def lm_step(torch, batch):
     return step
 
 
-JOBS = {"gnn": gnn_step, "lm": lm_step}
+LMVAR_LENGTHS = (256, 512, 1024, 2048, 4096)  # lmvar's step i trains at LMVAR_LENGTHS[i % 5]
+LMVAR_SEED = 2048  # of lmvar's tokens, apart from torch's global seed
+
+
+def lmvar_shapes(tokens):
+    """lmvar's (batch, sequence length) at `tokens` tokens per step, in the
+    order its steps cycle through them."""
+    return [(max(1, tokens // length), length) for length in LMVAR_LENGTHS]
+
+
+def lmvar_step(torch, tokens):
+    """The suite's transformer LM (models.py) with a sequence length that
+    changes every step: step i (from 0, warmup steps first) trains on
+    tokens // length sequences (at least 1) of length LMVAR_LENGTHS[i % 5], so
+    every step trains about `tokens` tokens (exactly, for a multiple of 4096);
+    the optimizer and loss are lm's.
+
+    Against lm: lm at batch B trains B x 2048 tokens a step, and lmvar at the
+    same tokens per step has about the same memory peak: activations (the
+    logits first) grow with tokens, and SDPA runs flash attention, whose memory
+    grows with tokens, not with the length squared. lm 264 (540672 tokens)
+    fits an H200 in memory (126.6 GB reserved) and is 1.56x an H100's memory;
+    lm 400 (819200 tokens) is about 2.14x an H100's.
+
+    Steps of different lengths take different times (attention's work per
+    token grows with the length), so a median step time is the median of the
+    mix; 5k consecutive steps cover each length k times (--warmup 1 --steps 10:
+    each length twice among the timed steps).
+
+    Each length's tokens are drawn once, up front, from a CPU generator of
+    fixed seed (its numbers depend on the seed alone, not on the GPU) and moved
+    to the GPU: every run of a size, on any GPU, trains on the same data."""
+    model = models.transformer_lm(torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    generator = torch.Generator().manual_seed(LMVAR_SEED)
+    batches = [torch.randint(0, models.LM_VOCAB, (batch, length + 1), generator=generator).to("cuda")
+               for batch, length in lmvar_shapes(tokens)]
+    index = itertools.count()
+
+    def step():
+        loss = models.lm_loss(torch, model, batches[next(index) % len(batches)])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+JOBS = {"gnn": gnn_step, "lm": lm_step, "lmvar": lmvar_step}
+SIZE_UNITS = {"gnn": "nodes", "lm": "batch", "lmvar": "tokens per step"}  # what a job's size counts
+
+
+def step_sequence(job, size, i):
+    """(sequence length, batch) of step i (from 0, warmup steps first) of
+    `job` at `size` where the job's sequence length changes per step (lmvar);
+    None for the other jobs."""
+    if job != "lmvar":
+        return None
+    batch, length = lmvar_shapes(size)[i % len(LMVAR_LENGTHS)]
+    return length, batch
 
 
 def child(args):
@@ -235,7 +296,9 @@ def attempt(args, setting, size, deterministic=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--job", choices=list(JOBS), required=True)
-    ap.add_argument("--sizes", nargs="+", type=float, help="sizes to bisect over (nodes, or batch)")
+    ap.add_argument("--sizes", nargs="+", type=float,
+                    help="sizes to bisect over (" + ", ".join(f"{j}: {m}" for j, m in SIZE_UNITS.items())
+                    + "; 8.192e5 as well as 819200)")
     ap.add_argument("--size", type=float, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)  # the child's
