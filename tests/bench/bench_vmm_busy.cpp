@@ -24,64 +24,14 @@
 #include <vector>
 
 #include "driver_call.h"
+#include "kernels.h"
 
 namespace {
-
-const char* const ptx = R"(
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry spin(.param .u64 ns) {
-  .reg .u64 %start, %now, %limit, %d;
-  .reg .pred %p;
-  ld.param.u64 %limit, [ns];
-  mov.u64 %start, %globaltimer;
-LOOP:
-  mov.u64 %now, %globaltimer;
-  sub.u64 %d, %now, %start;
-  setp.lt.u64 %p, %d, %limit;
-  @%p bra LOOP;
-  ret;
-}
-.visible .entry stream_read(.param .u64 p, .param .u64 words, .param .u64 ns) {
-  .reg .u64 %base, %n, %limit, %start, %now, %i, %idx, %addr, %v, %acc, %stride, %d;
-  .reg .u32 %thread, %threads, %block, %blocks, %t;
-  .reg .pred %p;
-  ld.param.u64 %base, [p];
-  ld.param.u64 %n, [words];
-  ld.param.u64 %limit, [ns];
-  mov.u32 %thread, %tid.x;
-  mov.u32 %threads, %ntid.x;
-  mov.u32 %block, %ctaid.x;
-  mov.u32 %blocks, %nctaid.x;
-  mad.lo.u32 %t, %block, %threads, %thread;
-  cvt.u64.u32 %i, %t;
-  mul.wide.u32 %stride, %threads, %blocks;
-  mov.u64 %acc, 0;
-  mov.u64 %start, %globaltimer;
-READ:
-  rem.u64 %idx, %i, %n;
-  shl.b64 %addr, %idx, 3;
-  add.u64 %addr, %addr, %base;
-  ld.global.cv.u64 %v, [%addr];
-  add.u64 %acc, %acc, %v;
-  add.u64 %i, %i, %stride;
-  mov.u64 %now, %globaltimer;
-  sub.u64 %d, %now, %start;
-  setp.lt.u64 %p, %d, %limit;
-  @%p bra READ;
-  setp.eq.u64 %p, %acc, 12345;
-  @%p st.global.u64 [%base], %acc;
-  ret;
-}
-)";
 
 bool ok(CUresult status, const char* call) { return gmem::bench::call_ok("bench-vmm-busy", status, call); }
 
 double micros(const std::function<CUresult()>& call, const char* name, bool* good) {
-  const auto start = std::chrono::steady_clock::now();
-  *good &= ok(call(), name);
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return gmem::bench::call_us("bench-vmm-busy", call, name, good);
 }
 
 struct Kind {
@@ -100,7 +50,8 @@ int main() {
   CUstream stream = nullptr;
   if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
       !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
-      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") || !ok(cuModuleLoadData(&module, ptx), "cuModuleLoadData") ||
+      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
+      !ok(cuModuleLoadData(&module, gmem::bench::kernels_ptx), "cuModuleLoadData") ||
       !ok(cuModuleGetFunction(&spin, module, "spin"), "cuModuleGetFunction") ||
       !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
