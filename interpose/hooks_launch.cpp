@@ -173,6 +173,7 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
       return;
     }
   }
+  if (!table.counting()) return;
   gmem::pool::LaunchReferences refs(table, f);
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
   refs.finish(pool.publisher());
@@ -204,7 +205,7 @@ CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool
 template <typename Call>
 CUresult launch_graph(CUgraphExec exec, Call&& call) {
   return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
-    gmem::graph_access::launched(exec, table, pool.publisher());
+    if (table.counting()) gmem::graph_access::launched(exec, table, pool.publisher());
   });
 }
 

@@ -35,8 +35,10 @@ thread_local ThreadCache thread_cache;
 
 }  // namespace
 
-AccessTable::AccessTable()
-    : top_(new std::atomic<Leaf*>[std::size_t(1) << top_bits]()), serial_(tables_made.fetch_add(1) + 1) {}
+AccessTable::AccessTable(bool counting)
+    : top_(new std::atomic<Leaf*>[std::size_t(1) << top_bits]()),
+      serial_(tables_made.fetch_add(1) + 1),
+      counting_(counting) {}
 
 AccessTable::~AccessTable() = default;
 

@@ -93,7 +93,8 @@ class AccessTable {
   static constexpr unsigned leaf_bits = 14;
   static constexpr unsigned top_bits = address_bits - slot_bits - leaf_bits;
 
-  AccessTable();
+  // `counting`: launches are counted from the start (else from start_counting()).
+  explicit AccessTable(bool counting = true);
   ~AccessTable();
   AccessTable(const AccessTable&) = delete;
   AccessTable& operator=(const AccessTable&) = delete;
@@ -112,6 +113,11 @@ class AccessTable {
     const Leaf* leaf = top_[slot >> leaf_bits].load(std::memory_order_acquire);
     return leaf ? (*leaf)[slot & (leaf_size - 1)].load(std::memory_order_acquire) : nullptr;
   }
+
+  // Whether launches are counted now: the launch hooks look at none before
+  // (a job far from its device's memory needs no figures; Pool starts it).
+  bool counting() const { return counting_.load(std::memory_order_relaxed); }
+  void start_counting() { counting_.store(true, std::memory_order_relaxed); }
 
   // Records ever made (ids run from 0 to this, less one).
   uint32_t records() const { return made_.load(std::memory_order_acquire); }
@@ -163,6 +169,7 @@ class AccessTable {
   std::deque<AccessRecord> storage_;    // stable addresses
   std::vector<AccessRecord*> free_;
   std::atomic<uint32_t> made_{0};
+  std::atomic<bool> counting_;
 };
 
 // The references of one launch, counted once per range: fed every aligned

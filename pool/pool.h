@@ -72,15 +72,18 @@ class Pool {
   // The VMM pool spills to peers and the host within `budgets`; with
   // `submissions` and a `move_after` above 0, what live allocations spilled
   // moves back once spills stop and the device has room (pool/mover.h).
-  // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h);
-  // with `place_by_use` too, large allocations are placed by their use (pool/uses.h).
+  // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h),
+  // which count launches once the pool holds `track_from` of a device's memory
+  // (a fraction; 0: from the start) or it spills; with `place_by_use` too,
+  // large allocations are placed by their use (pool/uses.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
-                bool track_access = false, bool place_by_use = false)
+                bool track_access = false, bool place_by_use = false, double track_from = 0)
       : driver_(driver),
         publisher_(std::move(publisher)),
-        access_(use_vmm && track_access ? std::make_unique<AccessTable>() : nullptr),
+        access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
+        track_from_(track_from),
         uses_(access_.get(), place_by_use),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
@@ -169,6 +172,9 @@ class Pool {
   // refuse it spilled memory.
   CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, SpillVeto* veto = nullptr);
   bool capturing(CUstream stream, DefaultStream default_stream) const;
+  // Launches are counted from now on if `device` spills or the pool holds
+  // track_from of its memory.
+  void maybe_start_counting(int device);
   // The mover moved these live allocations' memory: their placement is read again.
   void placement_moved(const std::vector<Block>& blocks);
   std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const;
@@ -186,6 +192,7 @@ class Pool {
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<AccessTable> access_;  // before tiers_ and vmm_: they report to it until they go
+  const double track_from_;
   Uses uses_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;

@@ -47,10 +47,11 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
   std::lock_guard lock(mutex_);
-  auto [it, fresh] = live_.try_emplace(base, Live{request.kind, request.device});
+  const Live life{request.kind, request.device, table_->counting()};
+  auto [it, fresh] = live_.try_emplace(base, life);
   if (!fresh) {  // its free was not seen: the old life ends here
     --kinds_[it->second.kind].live;
-    it->second = Live{request.kind, request.device};
+    it->second = life;
   }
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
@@ -153,14 +154,16 @@ void Uses::freed(CUdeviceptr base, std::size_t size) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
   if (it == live_.end()) return;
-  Kind& k = kinds_[it->second.kind];
+  const Live life = it->second;
+  live_.erase(it);
+  Kind& k = kinds_[life.kind];
   --k.live;
+  if (!life.counted) return;  // part of its life went uncounted: its figures would mislead
   ++k.figures.allocations;
   k.figures.launches += f.launches;
   k.figures.passes += f.passes;
   k.figures.host_bytes += host;
-  devices_[it->second.device].replan = true;
-  live_.erase(it);
+  devices_[life.device].replan = true;
 }
 
 std::map<std::size_t, Uses::Figures> Uses::by_size() const {

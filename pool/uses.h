@@ -116,6 +116,7 @@ class Uses {
   struct Live {
     uint64_t kind;
     int device;
+    bool counted;  // launches were counted all its life (AccessTable::counting)
   };
   // The trial of the plan: steps in the order requested, then with the plan
   // (its shares in force), then kept or dropped for good.

@@ -255,6 +255,12 @@ Figures VmmPool::figures(int device) const {
   return b ? b->figures : Figures{};
 }
 
+std::size_t VmmPool::device_memory(int device) const {
+  std::lock_guard lock(mutex_);
+  const Book* b = books_.find(device);
+  return b ? b->total : 0;
+}
+
 Work VmmPool::work(int device) const {
   std::lock_guard lock(mutex_);
   const Book* b = books_.find(device);

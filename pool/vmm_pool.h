@@ -63,6 +63,8 @@ class VmmPool {
   std::size_t device_room(int device);
   using Figures = pool::Figures;
   Figures figures(int device) const;
+  // The device's memory (0 before the pool served it).
+  std::size_t device_memory(int device) const;
   using Work = pool::Work;
   Work work(int device) const;
   // The devices the pool has served.

@@ -488,6 +488,10 @@ done
 # Every pair a pool hit: the pool's cost against the driver's alloc and free.
 step bench-shim-pool 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GMEM_CONF=pool:vmm \
   GMEM_BENCH_PREFIX=pool_hit_ "$carry/bench/bench-shim"
+# The same with every launch counted (by default launches are counted only
+# once the pool nears the device's memory: track_from).
+step bench-shim-counted 180 env LD_LIBRARY_PATH="$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  GMEM_CONF=pool:vmm,track_from:0 GMEM_BENCH_PREFIX=pool_counted_ "$carry/bench/bench-shim"
 
 # Fragmentation on allocation traces recorded here from PyTorch training (a
 # transformer LM with varying sequence lengths, a GCN): tests/traces/README.md.

@@ -68,6 +68,11 @@
     "ranges, counting per range the launches that reference it and the host and "    \
     "peer bytes they may pull (stats: host_access_bytes); 0: launches are not "       \
     "looked at")                                                                      \
+  X(track_from, percent, "75",                                                       \
+    "with track_access, launches are counted once the pool holds this percentage " \
+    "of a device's memory, or the device spills (placing by use learns from the "  \
+    "steps before its first peak); until then a launch costs only the gate; 0: "   \
+    "from the first launch")                                                         \
   X(place_by_use, flag, "1",                                                         \
     "1: with pool:vmm and track_access, once a device spills and its steps repeat, " \
     "the large allocations alive at its peak use that kernels pass over least are "  \

@@ -4,8 +4,8 @@
 // beside an 8 MiB one lies partly in pinned host memory.
 // meson runs it with GMEM_CONF pool:vmm,device_budget:16M,peer_budget:0,
 // host_budget:48M,host_prepare:0,device_reserve:0,migrate_after_ms:0 (Track.*),
-// and the same with track_access:0 (Untracked.*); Place.* with its own
-// (tests/meson.build).
+// and the same with track_access:0 (Untracked.*); Place.* and Lazy.* with
+// their own (tests/meson.build).
 #include <cuda.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -89,6 +89,7 @@ class Place : public Access {
   Place() { two_allocations_ = false; }
 };
 using Repeat = Place;  // a process of its own: its steps start the trial afresh
+using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
 
 // Two addresses in the spilled range count it once; the device range adds a
 // launch's reference but no host bytes.
@@ -214,6 +215,22 @@ TEST_F(Untracked, LaunchesAreNotLookedAt) {
   ASSERT_EQ(launch_two(spilled_, spilled_, spilled_), CUDA_SUCCESS);
   EXPECT_EQ(figures().launches, 0u);
   EXPECT_EQ(figures().host, 0u);
+}
+
+// Launches are counted once the pool holds track_from (75%) of the device's
+// memory; before, they are not looked at.
+TEST_F(Lazy, LaunchesCountOnceThePoolHoldsMostOfTheDevice) {
+  CUdeviceptr small = 0, large = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&small, 8 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(small, small, small), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, 0u);
+  ASSERT_EQ(cuMemAlloc_v2(&large, 48 * mib), CUDA_SUCCESS);  // 56 of 64 MiB held
+  ASSERT_EQ(launch_two(small, large, small), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, 1u);
+  EXPECT_EQ(cuMemFree_v2(small), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(large, large, large), CUDA_SUCCESS);  // counting goes on
+  EXPECT_EQ(figures().launches, 2u);
+  EXPECT_EQ(cuMemFree_v2(large), CUDA_SUCCESS);
 }
 
 // Placing by use (pool/uses.h), with a 256 MiB device budget and 64 MiB host

@@ -45,6 +45,24 @@ TEST(Uses, CountsTheLaunchesOfEachLifeAndItsHostShareBySize) {
   EXPECT_EQ(uses.report(), "gmem: report use size=134217728 allocs=2 launches_per_alloc=1.5 passes_per_alloc=1.5 host_share=0.25\n");
 }
 
+// An allocation that lived while launches were not yet counted
+// (AccessTable::counting) adds nothing to its size's figures; the next does.
+TEST(Uses, ALifePartlyUncountedIsLeftOut) {
+  AccessTable table(false);
+  Uses uses(&table);
+  table.add(base, 128 * mib, 0, 0, 0);
+  serve(uses, base, 128 * mib);
+  table.start_counting();
+  launch(table, base);
+  uses.freed(base, 128 * mib);
+  EXPECT_EQ(uses.of(128 * mib), Uses::Figures{});
+  serve(uses, base, 128 * mib);
+  launch(table, base);
+  launch(table, base + mib);
+  uses.freed(base, 128 * mib);
+  EXPECT_EQ(uses.of(128 * mib), (Uses::Figures{1, 2, 2, 0}));
+}
+
 TEST(Uses, SmallAllocationsAndAddressesInsideARangeAreNotFollowed) {
   AccessTable table;
   Uses uses(&table);
