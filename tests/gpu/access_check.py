@@ -6,9 +6,10 @@ One child under the shim with GMEM_CONF=pool:vmm,device_budget:--budget,
 peer_budget:0,host_budget:8G: a tensor of --gb GB spills partly to pinned host
 memory; then, each read from its stats file (include/gmem/stats.h):
   - an in-place add over the tensor (an elementwise kernel) must add launches
-    and a whole multiple of the device's host_bytes to host_access_bytes (the
-    tensor is the only allocation with host memory; one per kernel that
-    touches it);
+    and, per launch, the tensor's host bytes to host_access_bytes, or up to a
+    16th more (the tensor is the only allocation with host memory; a launch
+    counts its range's host bytes, and the range's host chunks may end past
+    the tensor: they round up);
   - a matrix product of small device tensors must add launches and no host bytes;
   - --graph: the add captured into a CUDA graph adds nothing when captured, and
     a whole multiple of its host bytes at each replay, the same at each.
@@ -87,11 +88,10 @@ def check(r, graph):
     host = r["host_bytes"]
     if host == 0:
         bad.append("the tensor did not spill to the host: raise --gb or lower --budget")
-    def multiple(n):
-        return host and n >= host and n % host == 0
-
-    if r["add"]["access_launches"] < 1 or not multiple(r["add"]["host_access_bytes"]):
-        bad.append(f"add: {r['add']} for {host} host bytes (want >= 1 launch, a whole multiple of the host bytes)")
+    launches, counted = r["add"]["access_launches"], r["add"]["host_access_bytes"]
+    if launches < 1 or not host <= counted / launches <= host * 17 / 16:
+        bad.append(f"add: {r['add']} for {host} host bytes (want >= 1 launch, each counting the host bytes "
+                   "or up to a 16th more)")
     if r["mm"]["access_launches"] < 1 or r["mm"]["host_access_bytes"] != 0:
         bad.append(f"mm of device tensors: {r['mm']} (want >= 1 launch, no host bytes)")
     if graph and (r["graph_capture"] != 0 or r["graph_replays"] != 3 * r["add"]["host_access_bytes"]):
