@@ -14,7 +14,8 @@
 // --per-step prints the pool's work per step, a step ending where the
 // requested bytes come within a 64th of their peak after falling below half
 // of it (as pool/uses.h times steps), and what the pool held then and how
-// much of it was cached free; --misses-from STEP also lists each request
+// much of it was cached free, and of that on the device (the rest is host
+// memory beyond the live allocations'); --misses-from STEP also lists each request
 // that needed a range made from that step on. --max-last-step-maps fails the
 // run when the trace's last whole step mapped more than that many chunks.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
@@ -129,8 +130,16 @@ int replay(const std::string& path) {
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) {
+        // Of what is cached free, the host's: what the host holds beyond the
+        // live allocations' host bytes; the rest is the device's.
+        std::size_t live_host = 0;
+        for (std::size_t id = 0; tiers && id < live.size(); ++id) {
+          if (live[id]) live_host += tiers->split(live[id], live_bytes[id]).host;
+        }
+        const std::size_t cached = pool.cached_bytes(0), cached_host = std::min(cached, held.host - live_host);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
-               "(host %llu) released %llu; host held %.2f GB; at the peak %.2f GB cached free of %.2f GB held\n",
+               "(host %llu) released %llu; host held %.2f GB; at the peak %.2f GB cached free (%.2f on the device) "
+               "of %.2f GB held\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -139,7 +148,7 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
              static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9,
-             double(pool.cached_bytes(0)) / 1e9, double(pool.figures(0).reserved) / 1e9);
+             double(cached) / 1e9, double(cached - cached_host) / 1e9, double(pool.figures(0).reserved) / 1e9);
       }
       ++step;
       step_from = w;
