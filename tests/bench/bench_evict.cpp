@@ -21,7 +21,10 @@
 // one of device_1GiB, host_numa_256MiB, host_plain_256MiB (the last where
 // _HOST chunks are made); evict_{map,set_access,unmap}_<host>_8x256MiB_us_<c>
 // (8 calls, summed) and evict_{set_access,unmap}_<host>_8x256MiB_once_us_<c>
-// (one call over 2 GiB), <c> idle or copying; evict_launch_{p50,p99,max}_us_
+// (one call over 2 GiB), <c> idle or copying;
+// evict_remap_<host>_256MiB_<T>_threads_gbps_<c> (T threads at once each
+// mapping, giving access to and unmapping a chunk of its own: host bytes
+// given access per second over all, T = 1, 2, 4, 8); evict_launch_{p50,p99,max}_us_
 // {alone,vmm} and evict_launch_over_100us_{alone,vmm} (how many calls took
 // longer), evict_launch_vmm_cycles and evict_launch_vmm_cycle_us (the other
 // thread's cycles during the timed launches, and its median cycle).
@@ -328,6 +331,41 @@ bool time_back_to_back(const Kind& k, const Chunks& c, CUdevice device, const Co
   return good;
 }
 
+// Whether remapping spreads over threads: each of `threads` threads maps its
+// own chunk of `c` (in its own part of c's range), gives the device access
+// and unmaps it, `rounds` times; all at once. The figure is the bytes given
+// access per second of wall time, over all threads.
+bool time_parallel(const Kind& k, const Chunks& c, std::size_t threads, CUcontext context, CUdevice device,
+                   const Condition& condition) {
+  constexpr int rounds = 4;
+  std::vector<double> rates;
+  const CUmemAccessDesc access = device_access(device);
+  const std::string what = k.tier + "_" + k.chunk_name + "_" + std::to_string(threads) + "_threads";
+  const bool good = repeat(what, condition, [&] {
+    std::atomic<bool> fine{true};
+    std::vector<std::thread> workers;
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const CUdeviceptr at = c.va + t * c.chunk;
+        bool mine = ok(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+        for (int r = 0; mine && r < rounds; ++r) {
+          mine = ok(cuMemMap(at, c.chunk, 0, c.handles[t], 0), "cuMemMap");
+          if (!mine) break;
+          mine = ok(cuMemSetAccess(at, c.chunk, &access, 1), "cuMemSetAccess");
+          mine &= ok(cuMemUnmap(at, c.chunk), "cuMemUnmap");
+        }
+        if (!mine) fine = false;
+      });
+    }
+    for (std::thread& w : workers) w.join();
+    rates.push_back(double(threads * rounds * c.chunk) / 1e9 / (ms_since(start) / 1e3));
+    return fine.load();
+  });
+  bench("remap_" + what + "_gbps_" + condition.name, median(rates), "GB/s", 2);
+  return good;
+}
+
 // One copy, queued on its own stream.
 struct Copy {
   CUdeviceptr dst;
@@ -550,6 +588,9 @@ int main() {
     if (k.count > 1) {
       for (const Condition& condition : {idle, copying_condition}) {
         good = good && time_back_to_back(k, c, device, condition);
+        for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+          good = good && time_parallel(k, c, threads, context, device, condition);
+        }
       }
     }
     good &= free_chunks(&c, false);
