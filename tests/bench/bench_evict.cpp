@@ -498,7 +498,7 @@ int main() {
   CUmodule module = nullptr;
   CUfunction spin = nullptr, stream_read = nullptr;
   CUstream work = nullptr, dtoh = nullptr, htod = nullptr;
-  int sms = 0, numa = -1;
+  int sms = 0;
   if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
       !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
       !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
@@ -511,14 +511,10 @@ int main() {
       !ok(cuStreamCreate(&htod, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
   }
-  cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
-  CUmemAllocationProp on_device{};
-  on_device.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  on_device.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
-  CUmemAllocationProp on_numa = on_device;
-  on_numa.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa < 0 ? 0 : numa};
-  CUmemAllocationProp on_host = on_device;
-  on_host.location = {CU_MEM_LOCATION_TYPE_HOST, 0};
+  using gmem::bench::pinned_at;
+  const CUmemAllocationProp on_device = pinned_at(gmem::bench::on_device(device)),
+                            on_numa = pinned_at(gmem::bench::host_numa_of(device)),
+                            on_host = pinned_at({CU_MEM_LOCATION_TYPE_HOST, 0});
 
   // What the copies move: 4 GiB of device memory and 4 GiB of pinned host
   // memory, each mapped whole; device to host copies the first halves, host

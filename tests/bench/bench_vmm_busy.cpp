@@ -56,13 +56,8 @@ int main() {
       !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
   }
-  int numa = -1;
-  cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
-  CUmemAllocationProp on_device{};
-  on_device.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  on_device.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
-  CUmemAllocationProp on_host = on_device;
-  on_host.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa < 0 ? 0 : numa};
+  const CUmemAllocationProp on_device = gmem::bench::pinned_at(gmem::bench::on_device(device)),
+                            on_host = gmem::bench::pinned_at(gmem::bench::host_numa_of(device));
   const Kind kinds[] = {{"device_2MiB", on_device, std::size_t{2} << 20},
                         {"device_1GiB", on_device, std::size_t{1} << 30},
                         {"host_2MiB", on_host, std::size_t{2} << 20},

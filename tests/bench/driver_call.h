@@ -28,4 +28,20 @@ double call_us(const char* program, Call&& call, const char* name, bool* good) {
   return std::chrono::duration<double, std::micro>(end - start).count();
 }
 
+// The properties of pinned VMM chunks at `location`.
+inline CUmemAllocationProp pinned_at(CUmemLocation location) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = location;
+  return prop;
+}
+
+// `device`'s memory, and its host NUMA node's (node 0 where the driver names none).
+inline CUmemLocation on_device(CUdevice device) { return {CU_MEM_LOCATION_TYPE_DEVICE, device}; }
+inline CUmemLocation host_numa_of(CUdevice device) {
+  int numa = -1;
+  cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
+  return {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa < 0 ? 0 : numa};
+}
+
 }  // namespace gmem::bench
