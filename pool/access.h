@@ -115,7 +115,7 @@ class AccessTable {
   }
 
   // Whether launches are counted now: the launch hooks look at none before
-  // (a job far from its device's memory needs no figures; Pool starts it).
+  // (a job far from its device's memory needs no figures; VmmPool starts it).
   bool counting() const { return counting_.load(std::memory_order_relaxed); }
   void start_counting() { counting_.store(true, std::memory_order_relaxed); }
 

@@ -72,7 +72,6 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   const Uses::Request use = uses_.request(a.device, a.size);
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
-  if (access_ && !access_->counting()) maybe_start_counting(a.device);
   if (tiers_->spilled(a.device)) {
     const Split spilled = tiers_->split(block.base, block.size);
     // Whether a request would spill is known once it is served: a refused
@@ -95,13 +94,6 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   allocations_.insert(a);
   if (trace_) trace_->allocated(block.base, a.size, stream, use.off_device);
   return CUDA_SUCCESS;
-}
-
-void Pool::maybe_start_counting(int device) {
-  const std::size_t total = vmm_->device_memory(device);
-  if (tiers_->spilled(device) || (total && double(vmm_->figures(device).reserved) >= track_from_ * double(total))) {
-    access_->start_counting();
-  }
 }
 
 void Pool::placement_moved(const std::vector<Block>& blocks) {

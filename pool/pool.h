@@ -83,7 +83,6 @@ class Pool {
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
-        track_from_(track_from),
         uses_(access_.get(), place_by_use),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
@@ -95,7 +94,7 @@ class Pool {
         ledger_(publisher_.get()) {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (access_) {
-      vmm_->track_access(access_.get());
+      vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());
     }
   }
@@ -172,9 +171,6 @@ class Pool {
   // refuse it spilled memory.
   CUresult alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, SpillVeto* veto = nullptr);
   bool capturing(CUstream stream, DefaultStream default_stream) const;
-  // Launches are counted from now on if `device` spills or the pool holds
-  // track_from of its memory.
-  void maybe_start_counting(int device);
   // The mover moved these live allocations' memory: their placement is read again.
   void placement_moved(const std::vector<Block>& blocks);
   std::optional<CUresult> block_attribute(const Block& block, CUpointer_attribute attribute, void* data) const;
@@ -192,7 +188,6 @@ class Pool {
   const vmm::Driver driver_;
   const std::unique_ptr<Publisher> publisher_;
   const std::unique_ptr<AccessTable> access_;  // before tiers_ and vmm_: they report to it until they go
-  const double track_from_;
   Uses uses_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;

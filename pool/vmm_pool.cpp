@@ -94,6 +94,10 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   range->blocks[index] = *out;
   b.add_used(out->physical);
+  if (access_ && !access_->counting() &&
+      ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
+    access_->start_counting();
+  }
   publish_free_figures(device);
   if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
   if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled();
@@ -253,12 +257,6 @@ Figures VmmPool::figures(int device) const {
   std::lock_guard lock(mutex_);
   const Book* b = books_.find(device);
   return b ? b->figures : Figures{};
-}
-
-std::size_t VmmPool::device_memory(int device) const {
-  std::lock_guard lock(mutex_);
-  const Book* b = books_.find(device);
-  return b ? b->total : 0;
 }
 
 Work VmmPool::work(int device) const {

@@ -63,8 +63,6 @@ class VmmPool {
   std::size_t device_room(int device);
   using Figures = pool::Figures;
   Figures figures(int device) const;
-  // The device's memory (0 before the pool served it).
-  std::size_t device_memory(int device) const;
   using Work = pool::Work;
   Work work(int device) const;
   // The devices the pool has served.
@@ -125,8 +123,14 @@ class VmmPool {
   // ---- Moving spilled memory back (pool/mover.h, vmm_pool_move.cpp). ----
   // Told of every allocation served with spilled memory (set once, before use).
   void observe_spills(SpillObserver* observer) { spill_observer_ = observer; }
-  // Lists every range mapped in `table` while it is mapped (set once, before use).
-  void track_access(AccessTable* table) { ranges_.track_access(table); }
+  // Lists every range mapped in `table` while it is mapped (set once, before
+  // use), and starts its counting once the pool holds `count_from` of a
+  // device's memory (a fraction) or the device spills.
+  void track_access(AccessTable* table, double count_from = 0) {
+    ranges_.track_access(table);
+    access_ = table;
+    count_from_ = count_from;
+  }
   struct Movable {
     int device = -1;
     CUcontext context = nullptr;  // a live allocation's, current while moving
@@ -192,6 +196,8 @@ class VmmPool {
   const vmm::Driver& driver_;
   Tiers* const tiers_;
   SpillObserver* spill_observer_ = nullptr;
+  AccessTable* access_ = nullptr;  // track_access
+  double count_from_ = 0;
   mutable std::mutex mutex_;
   Books books_;
   StreamOrder order_;
