@@ -11,7 +11,10 @@
 // on, in flight, closed. A gated call adds itself to gmem_gate_in_flight, then
 // reads gmem_gate_closed (its locked add orders the two); the mover sets
 // gmem_gate_closed, then reads gmem_gate_in_flight. So either the call sees the
-// gate closed and waits, or the mover sees the call in flight.
+// gate closed and waits, or the mover sees the call in flight. gmem_gate_closed
+// is 1 while closed to every call, 2 while ranges move under live allocations
+// (closed to all but kernel launches, which wait only for the ranges they
+// reference: interpose/hooks_launch.cpp).
 extern "C" {
 std::atomic<long> gmem_gate_in_flight{0};
 std::atomic<unsigned char> gmem_gate_closed{0};
@@ -25,7 +28,7 @@ namespace gmem::gate {
 
 namespace {
 
-enum class Phase { open, stopping, holding };
+enum class Phase { open, stopping, holding, moving };
 
 std::mutex mutex;
 std::condition_variable opened;
@@ -46,6 +49,23 @@ void reset_in_child() {
   gmem_gate_in_flight.store(0);
 }
 
+// A gated call found the gate closed: wait until it opens (for a launch, also
+// until ranges move: `launch`). While the mover is still stopping (waiting
+// for calls in flight, or for the device), a caller held longer than
+// `patience` opens it: the work the mover waits for may need this very call.
+// Once the mover moves memory, or ranges move, callers wait for it.
+void wait_until_open(bool launch) {
+  std::unique_lock lock(mutex);
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (phase != Phase::open && !(launch && phase == Phase::moving)) {
+    if (phase == Phase::holding || phase == Phase::moving) {
+      opened.wait(lock);
+    } else if (opened.wait_until(lock, deadline) == std::cv_status::timeout && phase == Phase::stopping) {
+      open_locked();
+    }
+  }
+}
+
 }  // namespace
 
 void turn_on() {
@@ -59,6 +79,7 @@ long in_flight() { return gmem_gate_in_flight.load(); }
 bool Submissions::stop() {
   {
     std::lock_guard lock(mutex);
+    if (phase != Phase::open) return false;  // ranges are moving
     phase = Phase::stopping;
     gmem_gate_closed.store(1);
   }
@@ -87,14 +108,28 @@ void Submissions::resume() {
   open_locked();
 }
 
-Pass::Pass() {
+bool Submissions::begin_moves(const std::function<void()>& mark) {
+  if (!stop()) return false;
+  std::lock_guard lock(mutex);
+  if (phase != Phase::stopping) return false;  // a held caller reopened it
+  mark();
+  phase = Phase::moving;
+  gmem_gate_closed.store(2);
+  opened.notify_all();  // launches held meanwhile go on
+  return true;
+}
+
+void Submissions::end_moves() { resume(); }
+
+Pass::Pass(bool launch) {
   if (!gmem_gate_on) return;
   counted_ = true;
   while (true) {
     gmem_gate_in_flight.fetch_add(1);
-    if (!gmem_gate_closed.load()) return;
+    const unsigned char closed = gmem_gate_closed.load();
+    if (!closed || (launch && closed == 2)) return;
     gmem_gate_in_flight.fetch_sub(1);
-    gmem_gate_wait();
+    wait_until_open(launch);
   }
 }
 
@@ -104,19 +139,5 @@ Pass::~Pass() {
 
 }  // namespace gmem::gate
 
-// A gated call found the gate closed: wait until it opens. While the mover is
-// still stopping (waiting for calls in flight, or for the device), a caller
-// held longer than `patience` opens it: the work the mover waits for may
-// need this very call. Once the mover moves memory, callers wait for it.
-extern "C" void gmem_gate_wait() {
-  using namespace gmem::gate;
-  std::unique_lock lock(mutex);
-  const auto deadline = std::chrono::steady_clock::now() + patience;
-  while (phase != Phase::open) {
-    if (phase == Phase::holding) {
-      opened.wait(lock);
-    } else if (opened.wait_until(lock, deadline) == std::cv_status::timeout && phase == Phase::stopping) {
-      open_locked();
-    }
-  }
-}
+// A generated trampoline found the gate closed.
+extern "C" void gmem_gate_wait() { gmem::gate::wait_until_open(false); }

@@ -9,6 +9,10 @@
 // device (the sync that may wait on work only a held call would let finish),
 // a caller held longer than `patience` reopens the gate and the move is
 // abandoned. Once the mover has begun moving, callers wait for it to finish.
+//
+// The evictor (pool/evictor.h) closes it only to calls other than kernel
+// launches while it moves ranges under live allocations: a launch waits only
+// if it references a moving range (pool/access.h).
 #pragma once
 
 #include <chrono>
@@ -29,12 +33,16 @@ class Submissions final : public pool::Submissions {
   bool stop() override;
   bool hold() override;
   void resume() override;
+  bool begin_moves(const std::function<void()>& mark) override;
+  void end_moves() override;
 };
 
 // For a C++ hook of a submitting call: the hook runs as a gated call.
 class Pass {
  public:
-  Pass();
+  // `launch`: a kernel launch, which goes on while ranges move (its hook
+  // waits for the ranges it references).
+  explicit Pass(bool launch = false);
   ~Pass();
   Pass(const Pass&) = delete;
   Pass& operator=(const Pass&) = delete;

@@ -179,34 +179,60 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
   refs.finish(pool.publisher());
 }
 
+// The first moving range (pool/evictor.h) a launch references; null if none.
+const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& table, CUfunction f, void** params,
+                                                 void** extra) {
+  const gmem::pool::AccessRecord* found = nullptr;
+  visit_words(f, params, extra, [&](uint64_t word) {
+    const gmem::pool::AccessRecord* r = found ? nullptr : table.find(word);
+    if (r && r->moving()) found = r;
+  });
+  return found;
+}
+
 // A submitting `call`, gated; `counted` once the driver took it, with the
-// access table, where launches are tracked.
-template <typename Call, typename Counted>
-CUresult submit(Call&& call, Counted&& counted) {
+// access table, where launches are tracked. A kernel launch (`launch`) passes
+// the gate while ranges move, and waits for the moving range `moving` finds
+// among its references; any other call waits for all moves to end.
+template <typename Moving, typename Call, typename Counted>
+CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
   gmem::pool::Pool* pool = gmem::active_pool();  // resolves the driver on the first call
+  gmem::pool::AccessTable* table = pool ? pool->access() : nullptr;
   CUresult status;
-  {
-    gmem::gate::Pass pass;
-    status = call();
+  while (true) {
+    const gmem::pool::AccessRecord* wait_for = nullptr;
+    {
+      gmem::gate::Pass pass(launch);
+      if (launch && table && table->any_moving()) wait_for = moving(*table);
+      if (!wait_for) {
+        status = call();
+        break;
+      }
+    }
+    table->wait_unmoved(*wait_for);  // out of the gate: the move may need it open
   }
-  if (status == CUDA_SUCCESS && pool) {
-    if (gmem::pool::AccessTable* table = pool->access()) counted(*pool, *table);
-  }
+  if (status == CUDA_SUCCESS && table) counted(*pool, *table);
   return status;
 }
 
 template <typename Call>
 CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
-  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
-    count(pool, table, f, params, extra, stream, per_thread);
-  });
+  return submit(
+      true, [&](const gmem::pool::AccessTable& table) { return moving_reference(table, f, params, extra); }, call,
+      [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+        count(pool, table, f, params, extra, stream, per_thread);
+      });
 }
 
+// A graph's kernels are not all known (nodes added by hand): its launch waits
+// for every move to end.
 template <typename Call>
 CUresult launch_graph(CUgraphExec exec, Call&& call) {
-  return submit(call, [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
-    if (table.counting()) gmem::graph_access::launched(exec, table, pool.publisher());
-  });
+  return submit(
+      false, [](const gmem::pool::AccessTable&) { return nullptr; }, call,
+      [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
+        if (table.counting()) gmem::graph_access::launched(exec, table, pool.publisher());
+      });
 }
 
 template <typename Call>

@@ -66,7 +66,8 @@ pool::Budgets budgets(const Config& config) {
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
-                                            the_runtime->pool->mover(), &the_runtime->pool->uses());
+                                            the_runtime->pool->mover(), &the_runtime->pool->uses(),
+                                            the_runtime->pool->evictor());
     if (the_runtime->host_lease) text += the_runtime->host_lease->report();
     fputs(text.c_str(), stderr);
   }
@@ -162,7 +163,7 @@ void initialise() {
       rt->pool = new pool::Pool(vmm::Driver::from([&](const char* name) { return dlsym(rt->real.handle, name); }),
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
                                 rt->config.migrate_after_ms, moving ? &submissions : nullptr, rt->config.track_access,
-                                rt->config.place_by_use, rt->config.track_from / 100);
+                                rt->config.place_by_use, rt->config.track_from / 100, rt->config.evict);
       if (use_vmm && rt->config.torch_retry) {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);

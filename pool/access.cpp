@@ -127,6 +127,18 @@ void AccessTable::remove(CUdeviceptr base, std::size_t size) {
   if (record) free_.push_back(record);
 }
 
+void AccessTable::set_moving(AccessRecord& record, bool moving) {
+  std::lock_guard lock(moved_mutex_);
+  if (record.moving_.exchange(moving) == moving) return;
+  moving_.fetch_add(moving ? 1 : -1);
+  if (!moving) moved_.notify_all();
+}
+
+void AccessTable::wait_unmoved(const AccessRecord& record) {
+  std::unique_lock lock(moved_mutex_);
+  moved_.wait(lock, [&] { return !record.moving(); });
+}
+
 // Each launch takes a new mark, so no mark is cleared between launches.
 LaunchReferences::LaunchReferences(AccessTable& table, const void* function)
     : table_(table), function_(function), counts_(table.thread_counts()) {

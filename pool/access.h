@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include <array>
+#include <condition_variable>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -67,6 +68,10 @@ class AccessRecord {
   // Part of the range moved between tiers (the tiers tell: pool/tiers.h).
   void placed(int64_t host_delta, int64_t peer_delta);
 
+  // Its memory is moving under the live allocation (pool/evictor.h): a
+  // launch that references it waits (AccessTable::wait_unmoved).
+  bool moving() const { return moving_.load(std::memory_order_acquire); }
+
  private:
   friend class AccessTable;
   friend class LaunchReferences;
@@ -75,6 +80,7 @@ class AccessRecord {
   std::atomic<std::size_t> size_{0};
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
+  std::atomic<bool> moving_{false};
   AccessTable* table_ = nullptr;
   uint32_t id_ = 0;  // dense: the index of its counts in each thread's
   Figures taken_;    // the sums when last taken (under the table's mutex)
@@ -118,6 +124,13 @@ class AccessTable {
   // (a job far from its device's memory needs no figures; VmmPool starts it).
   bool counting() const { return counting_.load(std::memory_order_relaxed); }
   void start_counting() { counting_.store(true, std::memory_order_relaxed); }
+
+  // Moving ranges (pool/evictor.h): while any is marked, the launch hooks
+  // look at each launch's references before it is submitted, and a launch
+  // that references a moving range waits until it is unmarked.
+  bool any_moving() const { return moving_.load(std::memory_order_acquire) != 0; }
+  void set_moving(AccessRecord& record, bool moving);
+  void wait_unmoved(const AccessRecord& record);
 
   // Records ever made (ids run from 0 to this, less one).
   uint32_t records() const { return made_.load(std::memory_order_acquire); }
@@ -170,6 +183,9 @@ class AccessTable {
   std::vector<AccessRecord*> free_;
   std::atomic<uint32_t> made_{0};
   std::atomic<bool> counting_;
+  std::atomic<int> moving_{0};  // records marked moving
+  std::mutex moved_mutex_;
+  std::condition_variable moved_;
 };
 
 // The references of one launch, counted once per range: fed every aligned

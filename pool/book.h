@@ -29,6 +29,9 @@ struct Work {
   // Of it, mapping new ranges; and the mappings of a range that took over 10 ms.
   uint64_t map_ns = 0, slow_maps = 0, slow_map_ns = 0;
   uint64_t moved_back_bytes = 0;  // live allocations' spilled bytes moved back to the device
+  // Live allocations' bytes the evictor moved off the device and back while
+  // the program ran (pool/evictor.h).
+  uint64_t evicted_bytes = 0, prefetched_bytes = 0;
   // Chunks made by the tiers (a peer's, the host's) and given back, and the
   // time spent making them: pinning host memory costs about 1 s per 3 GB.
   uint64_t spilled_made = 0, spilled_released = 0, spill_ns = 0;

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "pool/evictor.h"
+
 
 namespace gmem::pool {
 
@@ -97,6 +99,13 @@ void Mover::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const auto quiet = std::chrono::nanoseconds(now_ns() - last_spill_ns_);
+    if (quiet < quiet_needed() && settings_.evictor) {
+      lock.unlock();
+      settings_.evictor->look();
+      lock.lock();
+      wake_.wait_for(lock, Evictor::period, [&] { return stopping_; });
+      continue;
+    }
     if (quiet < quiet_needed()) {
       wake_.wait_for(lock, quiet_needed() - quiet);
       continue;

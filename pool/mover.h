@@ -25,6 +25,8 @@
 
 namespace gmem::pool {
 
+class Evictor;
+
 // What pauses the program's submissions while memory moves.
 class Submissions {
  public:
@@ -35,6 +37,12 @@ class Submissions {
   // resume(); false if a held caller gave up waiting and reopened it.
   virtual bool hold() = 0;
   virtual void resume() = 0;
+  // For moving ranges while the program runs (pool/evictor.h): once no
+  // submitting call is in flight, `mark` runs, then only kernel launches may
+  // pass (they wait for the ranges `mark` marked moving) until end_moves().
+  // False if calls stayed in flight too long, or the gate is not open.
+  virtual bool begin_moves(const std::function<void()>& mark) = 0;
+  virtual void end_moves() = 0;
 
  protected:
   ~Submissions() = default;
@@ -48,6 +56,9 @@ class Mover final : public SpillObserver {
     std::function<bool()> capturing;  // a stream capture is under way: no sync now
     // Told of the live allocations whose memory moved (placement changed).
     std::function<void(const std::vector<Block>&)> moved;
+    // While spills go on, the thread has it look every Evictor::period
+    // (pool/evictor.h); null: it waits for spills to stop.
+    Evictor* evictor = nullptr;
   };
   Mover(VmmPool& vmm, const vmm::Driver& driver, Settings settings);
   ~Mover();  // stops and joins the thread

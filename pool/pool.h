@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pool/access.h"
+#include "pool/evictor.h"
 #include "pool/mover.h"
 #include "pool/registry.h"
 #include "pool/trace_recorder.h"
@@ -75,21 +76,29 @@ class Pool {
   // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h),
   // which count launches once the pool holds `track_from` of a device's memory
   // (a fraction; 0: from the start) or it spills; with `place_by_use` too,
-  // large allocations are placed by their use (pool/uses.h).
+  // large allocations are placed by their use (pool/uses.h). With `evict`
+  // too, and a mover, live allocations move off the device and back while it
+  // spills (pool/evictor.h).
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
-                bool track_access = false, bool place_by_use = false, double track_from = 0)
+                bool track_access = false, bool place_by_use = false, double track_from = 0, bool evict = false)
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
         uses_(access_.get(), place_by_use),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
+        evictor_(access_ && evict && submissions && move_after.count() > 0
+                     ? std::make_unique<Evictor>(*vmm_, *access_, driver_,
+                                                 Evictor::Settings{submissions, [this] { return quiet(); },
+                                                                   [this](const auto& blocks) { placement_moved(blocks); }})
+                     : nullptr),
         mover_(vmm_ && submissions && move_after.count() > 0
                    ? std::make_unique<Mover>(*vmm_, driver_,
                                              Mover::Settings{move_after, submissions, [this] { return quiet(); },
-                                                             [this](const auto& blocks) { placement_moved(blocks); }})
+                                                             [this](const auto& blocks) { placement_moved(blocks); },
+                                                             evictor_.get()})
                    : nullptr),
         ledger_(publisher_.get()) {
     if (mover_) vmm_->observe_spills(mover_.get());
@@ -149,6 +158,8 @@ class Pool {
   VmmPool* vmm() const { return vmm_.get(); }
   // What moves spilled memory back (null unless the pool may move it).
   Mover* mover() const { return mover_.get(); }
+  // What moves live memory off the device and back while it spills (null unless evict).
+  const Evictor* evictor() const { return evictor_.get(); }
   // What launches reference, by pool range (null unless pool:vmm with track_access).
   AccessTable* access() const { return access_.get(); }
   // Launches and placement of the large allocations (with track_access).
@@ -191,7 +202,8 @@ class Pool {
   Uses uses_;
   const std::unique_ptr<Tiers> tiers_;  // before vmm_: its chunks report to it until they go
   const std::unique_ptr<VmmPool> vmm_;
-  const std::unique_ptr<Mover> mover_;  // after vmm_: its thread stops first
+  const std::unique_ptr<Evictor> evictor_;  // run by mover_'s thread
+  const std::unique_ptr<Mover> mover_;      // after vmm_ and evictor_: its thread stops first
   std::vector<FreeObserver*> free_observers_;
   MappedElsewhere* elsewhere_ = nullptr;
   SpillVeto* spill_veto_ = nullptr;

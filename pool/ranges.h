@@ -50,6 +50,7 @@ struct Range {
   // read-only instead of `pieces` (which stay held if they are the same memory).
   std::vector<vmm::Chunk> shared;
   bool exported = false;  // CUDA IPC: other processes may map its chunks
+  bool moving = false;    // its chunks are being replaced (VmmPool::plan_move)
   // Whole ranges, while free: the free that kernels may use its addresses
   // before (its chunks may serve others sooner, on the same stream).
   Pending last_free;

@@ -19,7 +19,8 @@ void line(std::string& out, const char* name, const KindStats& k) {
 
 }  // namespace
 
-std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover, const Uses* uses) {
+std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover, const Uses* uses,
+                          const Evictor* evictor) {
   std::string out = "gmem: report for pid " + std::to_string(pid) + "\n";
   KindStats total;
   for (std::size_t i = 0; i < kind_count; ++i) {
@@ -40,10 +41,11 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
              "gmem: report vmm-pool device=%d reserved_peak=%zu used_peak=%zu hits=%" PRIu64 " misses=%" PRIu64
              " chunks_made=%" PRIu64 " chunks_released=%" PRIu64 " maps=%" PRIu64 " unmaps=%" PRIu64
              " driver_us=%" PRIu64 " moved_back=%" PRIu64 " spilled_made=%" PRIu64 " spilled_released=%" PRIu64
-             " spill_us=%" PRIu64 " refused=%" PRIu64 " spill_refused=%" PRIu64 " map_failed=%" PRIu64 "\n",
+             " spill_us=%" PRIu64 " refused=%" PRIu64 " spill_refused=%" PRIu64 " map_failed=%" PRIu64
+             " evicted=%" PRIu64 " prefetched=%" PRIu64 "\n",
              device, f.reserved_high, f.used_high, w.hits, w.misses, w.chunks_made, w.chunks_released, w.maps,
              w.unmaps, w.driver_ns / 1000, w.moved_back_bytes, w.spilled_made, w.spilled_released, w.spill_ns / 1000,
-             w.refused, w.spill_refused, w.map_failed);
+             w.refused, w.spill_refused, w.map_failed, w.evicted_bytes, w.prefetched_bytes);
     out += buf;
   }
   if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n";
@@ -51,6 +53,12 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     const Mover::Work w = mover->work();
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
            " paused_us=" + std::to_string(w.paused_ns / 1000) + "\n";
+  }
+  if (evictor) {
+    const Evictor::Work w = evictor->work();
+    out += "gmem: report evictor rounds=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
+           " evictions=" + std::to_string(w.evictions) + " prefetches=" + std::to_string(w.prefetches) +
+           " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) + "\n";
   }
   if (uses) out += uses->report();
   return out;

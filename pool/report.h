@@ -8,6 +8,7 @@
 #include <string>
 
 #include "pool/allocation.h"
+#include "pool/evictor.h"
 #include "pool/mover.h"
 #include "pool/uses.h"
 #include "pool/vmm_pool.h"
@@ -16,9 +17,10 @@ namespace gmem::pool {
 
 // With the VMM pool, one more line per device: its peaks, how often cached
 // memory served a request as it was, the driver work the rest cost, and the
-// bytes moved back; with a mover, how often and how long it paused the program;
-// with `uses`, the large allocations' launches and host placement by size.
+// bytes moved back, evicted and brought back; with a mover, how often and how
+// long it paused the program; with `uses`, the large allocations' launches and
+// host placement by size; with an evictor, its batches and their time.
 std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm = nullptr, const Mover* mover = nullptr,
-                          const Uses* uses = nullptr);
+                          const Uses* uses = nullptr, const Evictor* evictor = nullptr);
 
 }  // namespace gmem::pool

@@ -210,8 +210,8 @@ std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {
   }
   // As the driver's free does: no reuse while kernels launched before may run.
   if (CUresult status = driver_.cuCtxSynchronize()) return status;
-  std::lock_guard lock(mutex_);
-  Range* range = ranges_.find(ptr);
+  std::unique_lock lock(mutex_);
+  Range* range = settled(lock, ptr);
   if (!range) return CUDA_ERROR_INVALID_VALUE;
   const std::size_t index = range->block_index(ptr);
   if (!range->starts_live_block(index, ptr)) return CUDA_ERROR_INVALID_VALUE;
@@ -220,9 +220,9 @@ std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {
 }
 
 std::optional<CUresult> VmmPool::free_async(CUdeviceptr ptr, OrderedFree order, bool captured, bool quiet) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  Range* range = settled(lock, ptr);
   order_.set_quiet(quiet);
-  Range* range = ranges_.find(ptr);
   if (!range) return std::nullopt;
   const std::size_t index = range->block_index(ptr);
   if (!range->starts_live_block(index, ptr)) return CUDA_ERROR_INVALID_VALUE;
@@ -324,8 +324,8 @@ void VmmPool::trim_locked(int device, std::size_t keep, bool spilled_too) {
 }
 
 CUresult VmmPool::export_allocation(CUdeviceptr ptr, Exported* out) {
-  std::lock_guard lock(mutex_);
-  Range* range = ranges_.find(ptr);
+  std::unique_lock lock(mutex_);
+  Range* range = settled(lock, ptr);
   if (!range || !range->shared.empty()) return CUDA_ERROR_INVALID_VALUE;
   const Block& block = range->blocks[range->block_index(ptr)];
   if (block.size == 0 || ptr >= block.base + block.size) return CUDA_ERROR_INVALID_VALUE;

@@ -9,6 +9,7 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -153,6 +154,51 @@ class VmmPool {
   // whose memory moved are added to `moved`; the bytes, to the device's Work.
   void move_back(int device, int64_t idle_since_ns, std::vector<Block>* moved);
 
+  // ---- Moving live ranges while the program runs (pool/evictor.h,
+  // vmm_pool_evict.cpp). ----
+  // A live whole-range allocation of `device` that may move: not shared, not
+  // exported, not moving.
+  struct Live {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;     // its range's
+    std::size_t spilled = 0;  // of it, off the device
+    uint64_t last_use = 0;    // when handed out (Range::last_use)
+    CUcontext context = nullptr;
+  };
+  std::vector<Live> live_ranges(int device) const;
+  // A move of a live range's chunks to the host (`to_host`: its device chunks
+  // go to the spill tiers) or back to the device, chunk by chunk at the same
+  // offsets: each chunk moved is replaced by chunks that add up to its size.
+  struct Move {
+    CUdeviceptr base = 0;
+    bool to_host = false;
+    struct Part {
+      std::size_t offset = 0;
+      Piece* from = nullptr;
+      std::vector<Piece*> to;
+    };
+    std::vector<Part> parts;
+    std::size_t bytes = 0;  // moved
+    int device = -1;
+    CUcontext context = nullptr;
+    Range* range = nullptr;
+    uint64_t driver_ns = 0;  // carry_out's time in the driver
+  };
+  // Under the lock: sets out the move of the live range at `base` as far as
+  // the chunks it goes to can be had (free ones whose frees completed, then
+  // new ones within the tiers' and the device's budgets), and marks the range
+  // moving (its free, export and dedup wait). False if nothing can move.
+  bool plan_move(CUdeviceptr base, bool to_host, Move* out);
+  // With no lock held, and only while no submitted work and no submitting
+  // call may touch the range (pool/evictor.h): copies and remaps, the device
+  // side through an address of its own. To the host, the range is remapped
+  // first and its content copied in; to the device, copied first, then
+  // remapped. `stream` is the mover's own, of the range's context (current).
+  CUresult carry_out(Move& move, CUstream stream);
+  // Under the lock: with `done`, the range holds the new chunks and the old
+  // ones are free; else the new ones are. The range is no longer moving.
+  void finish_move(Move& move, bool done);
+
   static constexpr std::size_t small_max = Slabs::small_max;  // larger requests get whole ranges
 
  private:
@@ -191,6 +237,13 @@ class VmmPool {
   // range, which move_back may replace; the free device chunks of `device` no
   // request has used since `idle_since_ns` that could go back to the driver now.
   static bool live_spilled(const Piece& piece);
+  // The range holding `ptr` once it is not moving (the lock is let go while
+  // waiting); null if none.
+  Range* settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr);
+  // plan_move: chunks that add up to `size`, to the spill tiers or the
+  // device, chosen (free ones whose frees completed first); false (and none
+  // chosen) if they cannot be had.
+  bool choose_move_chunks(int device, std::size_t size, bool to_host, std::vector<Piece*>* out);
   std::vector<Piece*> idle_device_pieces(int device, int64_t idle_since_ns);
 
   const vmm::Driver& driver_;
@@ -199,6 +252,7 @@ class VmmPool {
   AccessTable* access_ = nullptr;  // track_access
   double count_from_ = 0;
   mutable std::mutex mutex_;
+  std::condition_variable moved_;  // a range stopped moving
   Books books_;
   StreamOrder order_;
   Pieces pieces_;

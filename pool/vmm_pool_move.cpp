@@ -10,7 +10,7 @@ namespace gmem::pool {
 
 bool VmmPool::live_spilled(const Piece& piece) {
   return piece.spilled && piece.holder && piece.holder != Pieces::chosen && piece.holder->live &&
-         piece.holder->shared.empty() && !piece.holder->exported;
+         piece.holder->shared.empty() && !piece.holder->exported && !piece.holder->moving;
 }
 
 std::vector<Piece*> VmmPool::idle_device_pieces(int device, int64_t idle_since_ns) {

@@ -60,6 +60,10 @@ namespace gmem::vmm {
   X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2)                           \
   X(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2)                           \
   X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2)                           \
+  X(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2)                 \
+  X(cuStreamCreate, cuStreamCreate)                             \
+  X(cuStreamSynchronize, cuStreamSynchronize)                   \
+  X(cuStreamDestroy_v2, cuStreamDestroy_v2)                     \
   X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
   X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle) \
   X(cuModuleLoadData, cuModuleLoadData)                         \

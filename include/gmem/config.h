@@ -80,6 +80,13 @@
     "peak; the plan is tried for two steps after four in the order requested and "   \
     "kept only if its step is at least 5% shorter (report:1 prints the trial); 0: "  \
     "the device first for every request, in the order made")                         \
+  X(evict, flag, "0",                                                                \
+    "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
+    "large allocations no launch has referenced lately move to the host (the oldest " \
+    "first) to keep room on the device for new requests, and come back, the last "   \
+    "moved first, once room opens; a launch waits only for a range while it moves. " \
+    "Kernels that reach memory through pointers kept in device memory are not seen " \
+    "(docs/eviction.md): an experiment, off by default")                             \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \

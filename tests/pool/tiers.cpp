@@ -11,6 +11,7 @@
 //   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
+//   Evict.*     peer_budget:0,host_budget:128M,host_prepare:0,migrate_after_ms:50,evict:1
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -772,6 +773,111 @@ TEST_F(Move, ExportedMemoryStaysWhereItIs) {
   check(b, 40 * mib, 91);
   EXPECT_EQ(peer.close_handle(opened.ptr), CUDA_SUCCESS);
   EXPECT_EQ(peer.finish(), 0);
+}
+
+// meson's evict run: migrate_after_ms:50,evict:1, the host tier only. While
+// the device spills, allocations no launch referenced lately move to the host
+// (the oldest first) and come back once room opens (pool/evictor.h).
+using Evict = Tiers;
+
+// Until `done` holds, or 5 s.
+template <typename Done>
+bool eventually(Done&& done) {
+  for (int i = 0; i < 5000 && !done(); ++i) usleep(1000);
+  return done();
+}
+
+TEST_F(Evict, TheOldestIdleAllocationMovesOffAndBackWithItsData) {
+  CUdeviceptr a = alloc(24 * mib);
+  CUdeviceptr b = alloc(24 * mib);
+  fill(a, 24 * mib, 1);
+  fill(b, 24 * mib, 2);
+  ASSERT_EQ(spilled_bytes(OwnStats(), a), 0u);
+  CUdeviceptr c = alloc(24 * mib);  // 16 on the device, 8 on the host
+  fill(c, 24 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 24 * mib; })) << "not evicted";
+  EXPECT_FALSE(on_device_0(a));
+  EXPECT_EQ(spilled_bytes(OwnStats(), b), 0u) << "a alone makes room";
+  check(a, 24 * mib, 1);
+  check(b, 24 * mib, 2);
+  check(c, 24 * mib, 3);
+  free(c);
+  free(b);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
+  EXPECT_TRUE(on_device_0(a + 23 * mib));
+  check(a, 24 * mib, 1);
+}
+
+// An allocation kernels keep referencing stays on the device: the next
+// oldest, idle, goes instead.
+TEST_F(Evict, AnAllocationInUseStays) {
+  CUmodule module = nullptr;
+  CUfunction kernel = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&module, ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                      ".visible .entry use(.param .u64 p) { ret; }\n"),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&kernel, module, "use"), CUDA_SUCCESS);
+  CUdeviceptr a = alloc(24 * mib);
+  CUdeviceptr b = alloc(24 * mib);
+  std::atomic<bool> done{false};
+  std::atomic<int> failed{0};
+  std::thread user([&] {
+    if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++failed);
+    while (!done) {
+      void* params[] = {&a};
+      failed += cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS;
+      usleep(200);
+    }
+  });
+  CUdeviceptr c = alloc(24 * mib);
+  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), b) == 24 * mib; });
+  const uint64_t a_spilled = spilled_bytes(OwnStats(), a);
+  done = true;
+  user.join();
+  EXPECT_TRUE(evicted) << "b not evicted";
+  EXPECT_EQ(a_spilled, 0u);
+  EXPECT_EQ(failed.load(), 0);
+  free(c);
+  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
+}
+
+// Copies keep running while an allocation moves off the device and back: each
+// thread writes and reads back its own part without pause, and every read
+// finds what was written last (copies wait while ranges move).
+TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
+  CUdeviceptr a = alloc(24 * mib);
+  CUdeviceptr b = alloc(24 * mib);
+  constexpr int thread_count = 4;
+  constexpr std::size_t part = 4 * mib;
+  std::atomic<bool> stop{false};
+  std::atomic<int> corrupt{0}, rounds{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < thread_count; ++t) {
+    threads.emplace_back([&, t] {
+      if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++corrupt);
+      const CUdeviceptr mine = a + t * part;
+      for (int i = 0; !stop && i < 100000; ++i) {
+        auto in = pattern(part, static_cast<uint32_t>(t * 100000 + i));
+        std::vector<uint32_t> out(in.size());
+        if (cuMemcpyHtoD_v2(mine, in.data(), part) != CUDA_SUCCESS ||
+            cuMemcpyDtoH_v2(out.data(), mine, part) != CUDA_SUCCESS || out != in) {
+          ++corrupt;
+        }
+        ++rounds;
+        usleep(500);  // idle between rounds: long enough for a look to find it unreferenced
+      }
+    });
+  }
+  CUdeviceptr c = alloc(24 * mib);
+  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), a) == 24 * mib; });
+  free(c);
+  free(b);
+  const bool back = eventually([&] { return spilled_bytes(OwnStats(), a) == 0; });
+  stop = true;
+  for (auto& thread : threads) thread.join();
+  EXPECT_TRUE(evicted);
+  EXPECT_TRUE(back);
+  EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
 }
 
 }  // namespace

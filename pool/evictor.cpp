@@ -1,0 +1,157 @@
+// The evictor's choice of what to move and its batches of moves (pool/evictor.h).
+#include "pool/evictor.h"
+
+#include <algorithm>
+
+#include "pool/clock.h"
+
+namespace gmem::pool {
+
+Evictor::Evictor(VmmPool& vmm, AccessTable& table, const vmm::Driver& driver, Settings settings)
+    : vmm_(vmm), table_(table), driver_(driver), settings_(std::move(settings)) {}
+
+Evictor::Work Evictor::work() const {
+  std::lock_guard lock(mutex_);
+  return work_;
+}
+
+void Evictor::look() {
+  if (settings_.capturing && settings_.capturing()) return;
+  for (int device : vmm_.devices()) look(device, devices_[device]);
+}
+
+void Evictor::look(int device, DeviceState& state) {
+  const std::vector<VmmPool::Live> lives = vmm_.live_ranges(device);
+  if (lives.empty()) return;
+  std::unordered_map<CUdeviceptr, Seen> seen;
+  for (const VmmPool::Live& l : lives) {
+    const AccessRecord* record = table_.find(l.base);
+    const uint64_t launches = record ? record->figures().launches : 0;
+    auto before = state.seen.find(l.base);
+    Seen now{l.last_use, launches};
+    if (before != state.seen.end() && before->second.handed == l.last_use) {
+      const Seen& was = before->second;
+      now.idle = was.launches == launches ? was.idle + 1 : 0;
+      now.evicted = was.evicted && l.spilled > 0;
+      now.evicted_at = was.evicted_at;
+      now.returned = was.returned && was.launches == launches;
+    }
+    seen[l.base] = now;
+  }
+  state.seen = std::move(seen);
+
+  if (driver_.cuCtxPushCurrent_v2(lives.front().context) != CUDA_SUCCESS) return;
+  const std::size_t room = vmm_.device_room(device);
+  std::size_t& total = totals_[device];
+  if (!total && driver_.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) total = 0;
+  CUcontext popped = nullptr;
+  driver_.cuCtxPopCurrent_v2(&popped);
+  const auto low = std::size_t(double(total) * settings_.low_room);
+  const auto high = std::size_t(double(total) * settings_.high_room);
+
+  // Back, the last evicted first, as long as `high` stays free beside them.
+  std::vector<const VmmPool::Live*> evicted;
+  for (const VmmPool::Live& l : lives) {
+    if (state.seen[l.base].evicted) evicted.push_back(&l);
+  }
+  std::sort(evicted.begin(), evicted.end(),
+            [&](const auto* a, const auto* b) { return state.seen[a->base].evicted_at > state.seen[b->base].evicted_at; });
+  std::vector<CUdeviceptr> back;
+  std::size_t taking = 0;
+  for (const VmmPool::Live* l : evicted) {
+    if (room < taking + l->spilled + high) break;
+    back.push_back(l->base);
+    taking += l->spilled;
+  }
+  if (!back.empty()) {
+    for (CUdeviceptr base : move(back, false)) {
+      Seen& s = state.seen[base];
+      s.evicted = false;
+      s.returned = true;
+    }
+    return;
+  }
+  if (room >= low) return;
+  // Off the device, the oldest idle first, until `high` is free.
+  std::vector<const VmmPool::Live*> idle;
+  for (const VmmPool::Live& l : lives) {
+    const Seen& s = state.seen[l.base];
+    if (l.spilled == 0 && s.idle >= settings_.idle_looks && !s.returned) idle.push_back(&l);
+  }
+  std::sort(idle.begin(), idle.end(), [](const auto* a, const auto* b) { return a->last_use < b->last_use; });
+  std::vector<CUdeviceptr> off;
+  std::size_t freed = 0;
+  for (const VmmPool::Live* l : idle) {
+    if (room + freed >= high) break;
+    off.push_back(l->base);
+    freed += l->size;
+  }
+  for (CUdeviceptr base : move(off, true)) {
+    Seen& s = state.seen[base];
+    s.evicted = true;
+    s.evicted_at = ++state.evictions;
+  }
+}
+
+CUstream Evictor::stream_of(CUcontext context) {
+  CUstream& stream = streams_[context];
+  if (!stream && driver_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
+  return stream;
+}
+
+std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bool to_host) {
+  std::vector<VmmPool::Move> moves;
+  std::vector<AccessRecord*> records;
+  for (CUdeviceptr base : bases) {
+    VmmPool::Move m;
+    if (!vmm_.plan_move(base, to_host, &m)) continue;
+    AccessRecord* record = table_.find(base);
+    // One context per batch (its ranges' device's).
+    if (!record || (!moves.empty() && m.context != moves.front().context)) {
+      vmm_.finish_move(m, false);
+      continue;
+    }
+    moves.push_back(std::move(m));
+    records.push_back(record);
+  }
+  if (moves.empty()) return {};
+  const int64_t start = now_ns();
+  const bool current = driver_.cuCtxPushCurrent_v2(moves.front().context) == CUDA_SUCCESS;
+  const bool begun = current && settings_.submissions->begin_moves([&] {
+    for (AccessRecord* r : records) table_.set_moving(*r, true);
+  });
+  // No work submitted before may touch the ranges any more (not while a
+  // capture runs: a sync would break it); launches that reference them wait.
+  const bool synced = begun && !(settings_.capturing && settings_.capturing()) &&
+                      driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+  const int64_t synced_at = now_ns();
+  const CUstream stream = synced ? stream_of(moves.front().context) : nullptr;
+  std::vector<CUdeviceptr> out;
+  std::vector<Block> blocks;
+  for (VmmPool::Move& m : moves) {
+    const bool done = stream && vmm_.carry_out(m, stream) == CUDA_SUCCESS;
+    vmm_.finish_move(m, done);
+    if (!done) continue;
+    out.push_back(m.base);
+    if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
+  }
+  for (AccessRecord* r : records) table_.set_moving(*r, false);
+  if (begun) settings_.submissions->end_moves();
+  if (current) {
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  std::lock_guard lock(mutex_);
+  if (out.size() == moves.size()) {
+    ++work_.rounds;
+  } else {
+    ++work_.abandoned;
+  }
+  (to_host ? work_.evictions : work_.prefetches) += out.size();
+  work_.sync_ns += uint64_t(synced_at - start);
+  work_.move_ns += uint64_t(now_ns() - synced_at);
+  return out;
+}
+
+}  // namespace gmem::pool

@@ -1,0 +1,102 @@
+// Moves the memory of live allocations between the device and the spill tiers
+// while the program runs (docs/eviction.md): while a device spills, the
+// mover's thread (pool/mover.h) looks every few milliseconds and evicts the large allocations kernels have not referenced
+// lately (the oldest first: a training step's early activations, its
+// optimizer state) whenever the device's room falls low, so that new requests
+// find device memory; and it brings the evicted ones back, the last evicted
+// first, once room opens again (a step's backward pass frees what its forward
+// pass made, in reverse).
+//
+// A move of a batch of ranges: the gate closes to every submitting call
+// (interpose/gate.h) until none is in flight; the ranges are marked moving
+// (pool/access.h), so a launch that references one waits for it; the gate
+// reopens to launches only; the contexts are synchronized (no work submitted
+// before may touch the ranges); each range's chunks are copied and remapped
+// at the same addresses (VmmPool::carry_out); the marks go and the gate
+// opens. Launches of kernels that do not touch the ranges go on meanwhile.
+//
+// What the gate cannot see: pointers kept in device memory (pointer arrays a
+// kernel reads), and graph nodes added by hand, which a graph launch could use
+// while a range moves (graph launches wait for every move, but a kernel of
+// one may already run). A kernel that reads a moving range through such a
+// pointer may read the wrong memory. Hence off by default (evict:1).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "pool/access.h"
+#include "pool/mover.h"
+#include "pool/vmm_pool.h"
+#include "vmm/driver.h"
+
+namespace gmem::pool {
+
+class Evictor {
+ public:
+  struct Settings {
+    Submissions* submissions = nullptr;
+    std::function<bool()> capturing;  // a stream capture is under way: nothing moves
+    // Told of the live allocations whose memory moved (placement changed).
+    std::function<void(const std::vector<Block>&)> moved;
+    // A range is evicted only after this many looks found no new launch of it.
+    unsigned idle_looks = 2;
+    // Evictions keep this share of the device's memory free for requests;
+    // a range comes back once that much stays free beside it.
+    double low_room = 1.0 / 64, high_room = 1.0 / 32;
+  };
+  Evictor(VmmPool& vmm, AccessTable& table, const vmm::Driver& driver, Settings settings);
+  Evictor(const Evictor&) = delete;
+  Evictor& operator=(const Evictor&) = delete;
+
+  // Looks at every device's live ranges and moves what it should (the
+  // mover's thread calls it every `period` while spills go on).
+  void look();
+  static constexpr std::chrono::milliseconds period{2};
+
+  struct Work {
+    uint64_t rounds = 0;     // batches moved
+    uint64_t abandoned = 0;  // batches given up (calls stayed in flight, or a move failed)
+    uint64_t evictions = 0, prefetches = 0;  // ranges moved
+    uint64_t sync_ns = 0;    // waiting for the device before moving
+    uint64_t move_ns = 0;    // copying and remapping
+  };
+  Work work() const;
+
+ private:
+  // What the evictor knows of a live allocation, by its range's base; `handed`
+  // (Range::last_use) tells a range handed out again from the one it knew.
+  struct Seen {
+    uint64_t handed = 0;
+    uint64_t launches = 0;
+    unsigned idle = 0;       // looks that found no new launch
+    bool evicted = false;    // by the evictor, and not brought back
+    bool returned = false;   // brought back, and not launched since
+    uint64_t evicted_at = 0;  // the order of evictions
+  };
+  struct DeviceState {
+    std::unordered_map<CUdeviceptr, Seen> seen;
+    uint64_t evictions = 0;
+  };
+  void look(int device, DeviceState& state);
+  // Moves the ranges at `bases` to the host or back; the ones moved.
+  std::vector<CUdeviceptr> move(const std::vector<CUdeviceptr>& bases, bool to_host);
+  CUstream stream_of(CUcontext context);  // the evictor's own, per context
+
+  VmmPool& vmm_;
+  AccessTable& table_;
+  const vmm::Driver& driver_;
+  const Settings settings_;
+  mutable std::mutex mutex_;  // work_
+  Work work_;
+  // The calling thread's own (the mover's).
+  std::unordered_map<int, DeviceState> devices_;
+  std::unordered_map<int, std::size_t> totals_;  // each device's memory
+  std::unordered_map<CUcontext, CUstream> streams_;
+};
+
+}  // namespace gmem::pool

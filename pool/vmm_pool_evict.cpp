@@ -1,0 +1,219 @@
+// VmmPool's operations for the evictor (pool/evictor.h): which live ranges
+// may move, and moving one between the device and the spill tiers while the
+// program runs, chunk by chunk at the same addresses (see vmm_pool.h).
+#include <algorithm>
+#include <bit>
+
+#include "pool/clock.h"
+#include "pool/vmm_pool.h"
+
+namespace gmem::pool {
+
+std::vector<VmmPool::Live> VmmPool::live_ranges(int device) const {
+  std::lock_guard lock(mutex_);
+  std::vector<Live> out;
+  const_cast<Ranges&>(ranges_).for_each([&](const Range& r) {
+    if (r.device != device || r.class_size || !r.live || !r.shared.empty() || r.exported || r.moving) return;
+    out.push_back({r.va.base(), r.va.size(), r.spilled_bytes(), r.last_use, r.context()});
+  });
+  return out;
+}
+
+Range* VmmPool::settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr) {
+  Range* range = ranges_.find(ptr);
+  while (range && range->moving) {
+    moved_.wait(lock);
+    range = ranges_.find(ptr);
+  }
+  return range;
+}
+
+bool VmmPool::choose_move_chunks(int device, std::size_t size, bool to_host, std::vector<Piece*>* out) {
+  FreePieces& free = pieces_.free(device);
+  const std::size_t granularity = books_[device].granularity;
+  std::size_t covered = 0;
+  bool ok = true;
+  while (ok && covered < size) {
+    const std::size_t need = size - covered;
+    // The largest free chunk of the tier that fits, whose free completed
+    // (the mover's copy runs on a stream of its own).
+    Piece* piece = nullptr;
+    for (auto it = free.upper_bound({need, UINT64_MAX}); it != free.begin();) {
+      Piece* p = (--it)->second;
+      if (p->spilled == to_host && order_.complete(p->pending, false)) {
+        piece = p;
+        break;
+      }
+    }
+    if (piece) {
+      pieces_.choose(*piece);
+    } else {
+      // A new one: on the device, as large as needed; in a tier, a power of
+      // two of the granularity (what the tiers make for less than their
+      // unit), never more than needed.
+      const std::size_t want = to_host ? std::min(need, std::bit_floor(need / granularity) * granularity) : need;
+      const Pieces::Where where = to_host ? Pieces::Where::off_device : Pieces::Where::device;
+      ok = pieces_.make(device, want, where, &piece) == CUDA_SUCCESS;
+      if (ok && (piece->memory.size() > need || piece->spilled != to_host)) {
+        pieces_.set_free(*piece);  // kept: it serves another request
+        ok = false;
+      }
+      if (!ok) break;
+    }
+    covered += piece->memory.size();
+    out->push_back(piece);
+  }
+  if (ok) return true;
+  const int64_t now = now_ns();
+  for (Piece* p : *out) pieces_.set_free(*p, now);
+  out->clear();
+  return false;
+}
+
+bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
+  std::lock_guard lock(mutex_);
+  Range* range = ranges_.at(base);
+  if (!range || range->class_size || !range->live || !range->shared.empty() || range->exported || range->moving ||
+      (to_host && !tiers_)) {
+    return false;
+  }
+  *out = Move{base, to_host, {}, 0, range->device, range->context(), range};
+  if (!out->context) return false;
+  std::size_t offset = 0;
+  for (Piece* p : range->pieces) {
+    const std::size_t size = p->memory.size();
+    std::vector<Piece*> to;
+    if (p->spilled != to_host && choose_move_chunks(range->device, size, to_host, &to)) {
+      out->parts.push_back({offset, p, std::move(to)});
+      out->bytes += size;
+    }
+    offset += size;
+  }
+  if (out->parts.empty()) return false;
+  range->moving = true;
+  return true;
+}
+
+CUresult VmmPool::carry_out(Move& move, CUstream stream) {
+  Range& range = *move.range;
+  const int device = move.device;
+  // The device side of each part (what it leaves, or what it goes to),
+  // mapped in order at an address of its own.
+  vmm::Reservation staging;
+  CUresult status = vmm::Reservation::reserve(driver_, move.bytes, &staging);
+  std::vector<std::size_t> at;  // each part's offset in `staging`
+  std::size_t mapped = 0;
+  for (const Move::Part& part : move.parts) {
+    at.push_back(mapped);
+    const std::vector<Piece*> from{part.from};
+    for (const Piece* p : move.to_host ? from : part.to) {
+      if (status == CUDA_SUCCESS && (status = staging.map(mapped, p->memory, device)) == CUDA_SUCCESS) {
+        mapped += p->memory.size();
+      }
+    }
+  }
+  // A part's address range: its `from` chunk unmapped and its `to` chunks
+  // mapped (`forward`), or the other way round; on failure, as it was.
+  auto swap = [&](const Move::Part& part, bool forward) {
+    const std::vector<Piece*> from{part.from};
+    const std::vector<Piece*>& old = forward ? from : part.to;
+    const std::vector<Piece*>& fresh = forward ? part.to : from;
+    auto unmap = [&](const std::vector<Piece*>& pieces, std::size_t count) {
+      for (std::size_t i = 0, o = part.offset; i < count; o += pieces[i++]->memory.size()) {
+        range.va.unmap(o, pieces[i]->memory.size());
+      }
+    };
+    auto map = [&](const std::vector<Piece*>& pieces, std::size_t* count) {
+      CUresult result = CUDA_SUCCESS;
+      for (std::size_t o = part.offset; *count < pieces.size(); o += pieces[(*count)++]->memory.size()) {
+        if ((result = range.va.map(o, pieces[*count]->memory, device)) != CUDA_SUCCESS) break;
+      }
+      return result;
+    };
+    unmap(old, old.size());
+    std::size_t count = 0;
+    const CUresult result = map(fresh, &count);
+    if (result != CUDA_SUCCESS) {
+      unmap(fresh, count);
+      count = 0;
+      map(old, &count);
+    }
+    return result;
+  };
+  // Every part remapped to its new chunks, or none.
+  auto remap = [&] {
+    for (std::size_t i = 0; i < move.parts.size(); ++i) {
+      if (CUresult result = swap(move.parts[i], true)) {
+        while (i--) swap(move.parts[i], false);
+        return result;
+      }
+    }
+    return CUDA_SUCCESS;
+  };
+  auto copy = [&] {
+    CUresult result = CUDA_SUCCESS;
+    for (std::size_t i = 0; i < move.parts.size() && result == CUDA_SUCCESS; ++i) {
+      const CUdeviceptr in_range = range.va.base() + move.parts[i].offset;
+      const CUdeviceptr in_staging = staging.base() + at[i];
+      const std::size_t size = move.parts[i].from->memory.size();
+      result = move.to_host ? driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, size, stream)
+                            : driver_.cuMemcpyDtoDAsync_v2(in_staging, in_range, size, stream);
+    }
+    if (CUresult synced = driver_.cuStreamSynchronize(stream); result == CUDA_SUCCESS) result = synced;
+    return result;
+  };
+  {
+    Timer timer(move.driver_ns);
+    if (status == CUDA_SUCCESS && move.to_host) {
+      status = remap();
+      if (status == CUDA_SUCCESS && (status = copy()) != CUDA_SUCCESS) {
+        for (const Move::Part& part : move.parts) swap(part, false);
+      }
+    } else if (status == CUDA_SUCCESS) {
+      status = copy();
+      if (status == CUDA_SUCCESS) status = remap();
+    }
+    if (mapped) staging.unmap(0, mapped);
+  }
+  return status;
+}
+
+void VmmPool::finish_move(Move& move, bool done) {
+  std::lock_guard lock(mutex_);
+  Range& range = *move.range;
+  Book& b = books_[move.device];
+  const int64_t now = now_ns();
+  std::size_t maps = 0;
+  for (Move::Part& part : move.parts) {
+    if (!done) {
+      for (Piece* p : part.to) pieces_.set_free(*p, now);
+      continue;
+    }
+    auto at = std::find(range.pieces.begin(), range.pieces.end(), part.from);
+    at = range.pieces.erase(at);
+    range.pieces.insert(at, part.to.begin(), part.to.end());
+    for (Piece* p : part.to) {
+      p->ranges.push_back(&range);
+      pieces_.hold(*p, &range);
+    }
+    std::erase(part.from->ranges, &range);
+    pieces_.set_free(*part.from, now);
+    maps += part.to.size();
+  }
+  b.work.driver_ns += move.driver_ns;
+  if (done) {
+    b.work.maps += maps;
+    b.work.unmaps += move.parts.size();
+    (move.to_host ? b.work.evicted_bytes : b.work.prefetched_bytes) += move.bytes;
+    books_.publish(move.device, GMEM_STAT_mappings, int64_t(maps) - int64_t(move.parts.size()));
+    range.blocks[0].chunks = uint16_t(std::min<std::size_t>(range.pieces.size(), UINT16_MAX));
+  }
+  range.moving = false;
+  moved_.notify_all();
+  // Memory went off the device as a spill would have put it there: the mover
+  // leaves it (moving it back would undo the eviction).
+  if (done && move.to_host && spill_observer_) spill_observer_->spilled();
+  publish_free_figures(move.device);
+}
+
+}  // namespace gmem::pool
