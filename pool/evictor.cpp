@@ -18,6 +18,27 @@ Evictor::Work Evictor::work() const {
 void Evictor::look() {
   if (settings_.capturing && settings_.capturing()) return;
   for (int device : vmm_.devices()) look(device, devices_[device]);
+  looked_.notify_all();
+}
+
+void Evictor::make_room(int device, std::size_t size) {
+  if (vmm_.device_room(device) >= size) return;
+  const int64_t start = now_ns();
+  const int64_t deadline = start + std::chrono::nanoseconds(settings_.wait).count();
+  std::unique_lock lock(mutex_);
+  std::size_t& wanted = wanted_[device];
+  wanted = std::max(wanted, size);
+  stuck_[device] = false;
+  while (!stuck_[device] && now_ns() < deadline) {
+    looked_.wait_for(lock, period);
+    lock.unlock();
+    const bool room = vmm_.device_room(device) >= size;
+    lock.lock();
+    if (room) break;
+  }
+  wanted = 0;
+  ++work_.waits;
+  work_.wait_ns += uint64_t(now_ns() - start);
 }
 
 void Evictor::look(int device, DeviceState& state) {
@@ -46,8 +67,14 @@ void Evictor::look(int device, DeviceState& state) {
   if (!total && driver_.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) total = 0;
   CUcontext popped = nullptr;
   driver_.cuCtxPopCurrent_v2(&popped);
-  const auto low = std::size_t(double(total) * settings_.low_room);
   const auto high = std::size_t(double(total) * settings_.high_room);
+  std::size_t wanted;
+  {
+    std::lock_guard lock(mutex_);
+    wanted = wanted_[device];
+  }
+  const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
+  const std::size_t enough = wanted + high;
 
   // Back, the last evicted first, as long as `high` stays free beside them.
   std::vector<const VmmPool::Live*> evicted;
@@ -59,7 +86,7 @@ void Evictor::look(int device, DeviceState& state) {
   std::vector<CUdeviceptr> back;
   std::size_t taking = 0;
   for (const VmmPool::Live* l : evicted) {
-    if (room < taking + l->spilled + high) break;
+    if (wanted || room < taking + l->spilled + high) break;
     back.push_back(l->base);
     taking += l->spilled;
   }
@@ -82,9 +109,16 @@ void Evictor::look(int device, DeviceState& state) {
   std::vector<CUdeviceptr> off;
   std::size_t freed = 0;
   for (const VmmPool::Live* l : idle) {
-    if (room + freed >= high) break;
+    if (room + freed >= enough) break;
     off.push_back(l->base);
     freed += l->size;
+  }
+  if (wanted) {
+    // Even all it could move, once idle, would not make the room: the request spills.
+    std::size_t movable = 0;
+    for (const VmmPool::Live& l : lives) movable += l.spilled == 0 && !state.seen[l.base].returned ? l.size : 0;
+    std::lock_guard lock(mutex_);
+    stuck_[device] = room + movable < wanted;
   }
   for (CUdeviceptr base : move(off, true)) {
     Seen& s = state.seen[base];

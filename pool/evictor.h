@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -48,6 +49,7 @@ class Evictor {
     // Evictions keep this share of the device's memory free for requests;
     // a range comes back once that much stays free beside it.
     double low_room = 1.0 / 64, high_room = 1.0 / 32;
+    std::chrono::milliseconds wait{1000};  // make_room's longest
   };
   Evictor(VmmPool& vmm, AccessTable& table, const vmm::Driver& driver, Settings settings);
   Evictor(const Evictor&) = delete;
@@ -56,6 +58,13 @@ class Evictor {
   // Looks at every device's live ranges and moves what it should (the
   // mover's thread calls it every `period` while spills go on).
   void look();
+  // For a request of `size` bytes about to be served on `device` (the
+  // requesting thread, its context current, no lock of the pool held): while
+  // the device lacks the room, waits up to `Settings::wait` for the evictor
+  // to make it, rather than let the request spill: kernels then write and
+  // read the new allocation in device memory, and the evictor's copies move
+  // the idle ones at the copy engines' pace.
+  void make_room(int device, std::size_t size);
   static constexpr std::chrono::milliseconds period{2};
 
   struct Work {
@@ -64,6 +73,7 @@ class Evictor {
     uint64_t evictions = 0, prefetches = 0;  // ranges moved
     uint64_t sync_ns = 0;    // waiting for the device before moving
     uint64_t move_ns = 0;    // copying and remapping
+    uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
   };
   Work work() const;
 
@@ -91,8 +101,13 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_
+  mutable std::mutex mutex_;  // work_, wanted_, stuck_
+  std::condition_variable looked_;
   Work work_;
+  // Per device: the largest request waiting in make_room, and whether the
+  // last look found nothing it could move for it.
+  std::unordered_map<int, std::size_t> wanted_;
+  std::unordered_map<int, bool> stuck_;
   // The calling thread's own (the mover's).
   std::unordered_map<int, DeviceState> devices_;
   std::unordered_map<int, std::size_t> totals_;  // each device's memory

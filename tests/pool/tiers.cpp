@@ -11,7 +11,8 @@
 //   DeviceChunks.* peer_reserve:8M,host_budget:48M,host_prepare:0 with GMEM_EMU_DEVICE_CHUNK_MAX=16M
 //   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
-//   Evict.*     peer_budget:0,host_budget:128M,host_prepare:0,migrate_after_ms:50,evict:1
+//   Evict.*     peer_budget:0,host_budget:512M,host_prepare:0,migrate_after_ms:50,evict:1
+//               with GMEM_EMU_DEVICE_MEMORY=256M,32M
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -775,7 +776,8 @@ TEST_F(Move, ExportedMemoryStaysWhereItIs) {
   EXPECT_EQ(peer.finish(), 0);
 }
 
-// meson's evict run: migrate_after_ms:50,evict:1, the host tier only. While
+// meson's evict run: migrate_after_ms:50,evict:1, the host tier only, on a
+// device of 256 MiB (requests under 64 MiB never wait for room). While
 // the device spills, allocations no launch referenced lately move to the host
 // (the oldest first) and come back once room opens (pool/evictor.h).
 using Evict = Tiers;
@@ -788,24 +790,39 @@ bool eventually(Done&& done) {
 }
 
 TEST_F(Evict, TheOldestIdleAllocationMovesOffAndBackWithItsData) {
-  CUdeviceptr a = alloc(24 * mib);
-  CUdeviceptr b = alloc(24 * mib);
-  fill(a, 24 * mib, 1);
-  fill(b, 24 * mib, 2);
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 1);
+  fill(b, 96 * mib, 2);
   ASSERT_EQ(spilled_bytes(OwnStats(), a), 0u);
-  CUdeviceptr c = alloc(24 * mib);  // 16 on the device, 8 on the host
-  fill(c, 24 * mib, 3);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 24 * mib; })) << "not evicted";
+  CUdeviceptr c = alloc(96 * mib);  // 64 on the device, 32 on the host
+  fill(c, 96 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
   EXPECT_FALSE(on_device_0(a));
   EXPECT_EQ(spilled_bytes(OwnStats(), b), 0u) << "a alone makes room";
-  check(a, 24 * mib, 1);
-  check(b, 24 * mib, 2);
-  check(c, 24 * mib, 3);
+  check(a, 96 * mib, 1);
+  check(b, 96 * mib, 2);
+  check(c, 96 * mib, 3);
   free(c);
   free(b);
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
-  EXPECT_TRUE(on_device_0(a + 23 * mib));
-  check(a, 24 * mib, 1);
+  EXPECT_TRUE(on_device_0(a + 92 * mib));
+  check(a, 96 * mib, 1);
+}
+
+// Once the device spills, a request the device lacks room for waits while the
+// evictor moves the oldest idle allocation off, and lands on the device.
+TEST_F(Evict, ARequestWaitsForRoomRatherThanSpill) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
+  ASSERT_GT(spilled_bytes(OwnStats(), c), 0u);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+  fill(b, 96 * mib, 4);
+  CUdeviceptr d = alloc(160 * mib);
+  EXPECT_EQ(spilled_bytes(OwnStats(), d), 0u);
+  EXPECT_EQ(spilled_bytes(OwnStats(), b), 96 * mib);
+  check(b, 96 * mib, 4);
 }
 
 // An allocation kernels keep referencing stays on the device: the next
@@ -817,8 +834,8 @@ TEST_F(Evict, AnAllocationInUseStays) {
                                       ".visible .entry use(.param .u64 p) { ret; }\n"),
             CUDA_SUCCESS);
   ASSERT_EQ(cuModuleGetFunction(&kernel, module, "use"), CUDA_SUCCESS);
-  CUdeviceptr a = alloc(24 * mib);
-  CUdeviceptr b = alloc(24 * mib);
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
   std::atomic<bool> done{false};
   std::atomic<int> failed{0};
   std::thread user([&] {
@@ -829,8 +846,8 @@ TEST_F(Evict, AnAllocationInUseStays) {
       usleep(200);
     }
   });
-  CUdeviceptr c = alloc(24 * mib);
-  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), b) == 24 * mib; });
+  CUdeviceptr c = alloc(96 * mib);
+  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), b) == 96 * mib; });
   const uint64_t a_spilled = spilled_bytes(OwnStats(), a);
   done = true;
   user.join();
@@ -845,10 +862,10 @@ TEST_F(Evict, AnAllocationInUseStays) {
 // thread writes and reads back its own part without pause, and every read
 // finds what was written last (copies wait while ranges move).
 TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
-  CUdeviceptr a = alloc(24 * mib);
-  CUdeviceptr b = alloc(24 * mib);
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
   constexpr int thread_count = 4;
-  constexpr std::size_t part = 4 * mib;
+  constexpr std::size_t part = 16 * mib;
   std::atomic<bool> stop{false};
   std::atomic<int> corrupt{0}, rounds{0};
   std::vector<std::thread> threads;
@@ -868,8 +885,8 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
       }
     });
   }
-  CUdeviceptr c = alloc(24 * mib);
-  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), a) == 24 * mib; });
+  CUdeviceptr c = alloc(96 * mib);
+  const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; });
   free(c);
   free(b);
   const bool back = eventually([&] { return spilled_bytes(OwnStats(), a) == 0; });
