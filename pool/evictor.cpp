@@ -18,6 +18,10 @@ Evictor::Work Evictor::work() const {
 void Evictor::look() {
   if (settings_.capturing && settings_.capturing()) return;
   for (int device : vmm_.devices()) look(device, devices_[device]);
+  {
+    std::lock_guard lock(mutex_);
+    ++looks_;
+  }
   looked_.notify_all();
 }
 
@@ -29,7 +33,8 @@ void Evictor::make_room(int device, std::size_t size) {
   std::size_t& wanted = wanted_[device];
   wanted = std::max(wanted, size);
   stuck_[device] = false;
-  while (!stuck_[device] && now_ns() < deadline) {
+  const uint64_t last_look = looks_ + settings_.wait_looks;
+  while (!stuck_[device] && looks_ < last_look && now_ns() < deadline) {
     looked_.wait_for(lock, period);
     lock.unlock();
     const bool room = vmm_.device_room(device) >= size;

@@ -49,7 +49,11 @@ class Evictor {
     // Evictions keep this share of the device's memory free for requests;
     // a range comes back once that much stays free beside it.
     double low_room = 1.0 / 64, high_room = 1.0 / 32;
-    std::chrono::milliseconds wait{1000};  // make_room's longest
+    // make_room waits for this many of the evictor's looks (about 0.5 s at
+    // `period`; longer where the machine is loaded and the evictor slower),
+    // never longer than `wait`.
+    unsigned wait_looks = 250;
+    std::chrono::milliseconds wait{10000};
   };
   Evictor(VmmPool& vmm, AccessTable& table, const vmm::Driver& driver, Settings settings);
   Evictor(const Evictor&) = delete;
@@ -60,7 +64,7 @@ class Evictor {
   void look();
   // For a request of `size` bytes about to be served on `device` (the
   // requesting thread, its context current, no lock of the pool held): while
-  // the device lacks the room, waits up to `Settings::wait` for the evictor
+  // the device lacks the room, waits up to `Settings::wait_looks` for the evictor
   // to make it, rather than let the request spill: kernels then write and
   // read the new allocation in device memory, and the evictor's copies move
   // the idle ones at the copy engines' pace.
@@ -101,8 +105,9 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, wanted_, stuck_
+  mutable std::mutex mutex_;  // work_, looks_, wanted_, stuck_
   std::condition_variable looked_;
+  uint64_t looks_ = 0;
   Work work_;
   // Per device: the largest request waiting in make_room, and whether the
   // last look found nothing it could move for it.

@@ -57,6 +57,7 @@ void Mover::spilled() {
   const int64_t now = now_ns();
   if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, now - last_spill_ns_);
   last_spill_ns_ = now;
+  if (thread_.joinable() && settings_.evictor) wake_.notify_all();  // evicting starts now, not after a round's wait
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gmem-mover");  // as top and /proc show it
@@ -116,7 +117,9 @@ void Mover::run() {
     round(idle);
     lock.lock();
     backoff = work_.abandoned > abandoned ? std::min(backoff + 1, longest_backoff) : 0;
-    wake_.wait_for(lock, period * (1 << backoff), [&] { return stopping_; });
+    const int64_t spill_seen = last_spill_ns_;
+    wake_.wait_for(lock, period * (1 << backoff),
+                   [&] { return stopping_ || (settings_.evictor && last_spill_ns_ != spill_seen); });
   }
 }
 

@@ -819,6 +819,9 @@ TEST_F(Evict, ARequestWaitsForRoomRatherThanSpill) {
   ASSERT_GT(spilled_bytes(OwnStats(), c), 0u);
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
   fill(b, 96 * mib, 4);
+  // Past migrate_after_ms: the mover's thread waits after a round of its own,
+  // and the request short of room must wake it.
+  usleep(300 * 1000);
   CUdeviceptr d = alloc(160 * mib);
   EXPECT_EQ(spilled_bytes(OwnStats(), d), 0u);
   EXPECT_EQ(spilled_bytes(OwnStats(), b), 96 * mib);
