@@ -55,6 +55,15 @@ std::vector<uint32_t> pattern(std::size_t bytes, uint32_t seed) {
   return v;
 }
 
+// Writes pattern(size, seed) at `at` and reads it back: whether both copies
+// succeeded and it read what it wrote.
+bool write_reads_back(CUdeviceptr at, std::size_t size, uint32_t seed) {
+  auto in = pattern(size, seed);
+  std::vector<uint32_t> out(in.size());
+  return cuMemcpyHtoD_v2(at, in.data(), size) == CUDA_SUCCESS &&
+         cuMemcpyDtoH_v2(out.data(), at, size) == CUDA_SUCCESS && out == in;
+}
+
 // The emulated driver's own answer, past the shim: what the chunk under `ptr` is.
 unsigned driver_memory_type(CUdeviceptr ptr) {
   void* emu = dlopen(getenv("GMEM_REAL_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
@@ -476,12 +485,7 @@ TEST_F(Prepare, ConcurrentSpillsKeepTheirData) {
           continue;
         }
         ++served;
-        auto in = pattern(size, static_cast<uint32_t>(t * 1000 + i));
-        std::vector<uint32_t> out(in.size());
-        if (cuMemcpyHtoD_v2(p, in.data(), size) != CUDA_SUCCESS ||
-            cuMemcpyDtoH_v2(out.data(), p, size) != CUDA_SUCCESS || out != in) {
-          ++corrupt;
-        }
+        if (!write_reads_back(p, size, static_cast<uint32_t>(t * 1000 + i))) ++corrupt;
         if (cuMemFree_v2(p) != CUDA_SUCCESS) ++corrupt;
       }
     });
@@ -736,12 +740,7 @@ TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
       const CUdeviceptr mine = b + 24 * mib + t * part;
       // Until well after the move: 50 rounds once it is seen.
       for (int i = 0, after = 0; after < 50 && i < 100000; ++i, after += moved.load()) {
-        auto in = pattern(part, static_cast<uint32_t>(t * 100000 + i));
-        std::vector<uint32_t> out(in.size());
-        if (cuMemcpyHtoD_v2(mine, in.data(), part) != CUDA_SUCCESS ||
-            cuMemcpyDtoH_v2(out.data(), mine, part) != CUDA_SUCCESS || out != in) {
-          ++corrupt;
-        }
+        if (!write_reads_back(mine, part, static_cast<uint32_t>(t * 100000 + i))) ++corrupt;
         ++rounds;
       }
     });
@@ -877,12 +876,7 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
       if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++corrupt);
       const CUdeviceptr mine = a + t * part;
       for (int i = 0; !stop && i < 100000; ++i) {
-        auto in = pattern(part, static_cast<uint32_t>(t * 100000 + i));
-        std::vector<uint32_t> out(in.size());
-        if (cuMemcpyHtoD_v2(mine, in.data(), part) != CUDA_SUCCESS ||
-            cuMemcpyDtoH_v2(out.data(), mine, part) != CUDA_SUCCESS || out != in) {
-          ++corrupt;
-        }
+        if (!write_reads_back(mine, part, static_cast<uint32_t>(t * 100000 + i))) ++corrupt;
         ++rounds;
         usleep(500);  // idle between rounds: long enough for a look to find it unreferenced
       }
