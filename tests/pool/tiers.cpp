@@ -798,6 +798,13 @@ TEST_F(Evict, TheOldestIdleAllocationMovesOffAndBackWithItsData) {
   fill(c, 96 * mib, 3);
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
   EXPECT_FALSE(on_device_0(a));
+  // In the host's units, as a spill makes them (gmemd lends those pinned
+  // already): a 16th of host_budget, 32 MiB.
+  const CUmemGenericAllocationHandle first = driver_handle(a), second = driver_handle(a + 32 * mib),
+                                     third = driver_handle(a + 64 * mib);
+  EXPECT_NE(first, 0u);
+  EXPECT_NE(first, second);
+  EXPECT_NE(second, third);
   EXPECT_EQ(spilled_bytes(OwnStats(), b), 0u) << "a alone makes room";
   check(a, 96 * mib, 1);
   check(b, 96 * mib, 2);
