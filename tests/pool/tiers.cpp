@@ -825,8 +825,8 @@ TEST_F(Evict, ARequestWaitsForRoomRatherThanSpill) {
   ASSERT_GT(spilled_bytes(OwnStats(), c), 0u);
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
   fill(b, 96 * mib, 4);
-  // Past migrate_after_ms: the mover's thread waits after a round of its own,
-  // and the request short of room must wake it.
+  // Past migrate_after_ms: the mover's thread has gone back to its own
+  // rounds, and the request short of room must bring it back to evicting.
   usleep(300 * 1000);
   CUdeviceptr d = alloc(160 * mib);
   EXPECT_EQ(spilled_bytes(OwnStats(), d), 0u);
