@@ -16,6 +16,15 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 std::size_t round_down(std::size_t n, std::size_t to) { return n / to * to; }
 
+// A spilled chunk for `want` bytes: the tier's unit, or for less, the smallest
+// power-of-two multiple of the granularity that holds `want`.
+std::size_t in_units(std::size_t granularity, std::size_t unit, std::size_t want) {
+  unit = std::max(granularity, round_down(unit, granularity));
+  std::size_t size = granularity;
+  while (size < want && size < unit) size *= 2;
+  return std::min(size, unit);
+}
+
 // MemAvailable of /proc/meminfo, in bytes; 0 if unknown.
 std::size_t host_available_memory() {
   std::ifstream in("/proc/meminfo");
@@ -97,13 +106,8 @@ void Tiers::after_fork(bool child) {
 }
 
 std::size_t Tiers::host_chunk_locked(int device, std::size_t want) {
-  const std::size_t granularity = info(device).granularity;
   const std::size_t budget = host_budget_locked();
-  const std::size_t unit =
-      std::max(granularity, round_down(std::min(budgets_.host_chunk.of(budget), budget / 16), granularity));
-  std::size_t size = granularity;
-  while (size < want && size < unit) size *= 2;
-  return std::min(size, unit);
+  return in_units(info(device).granularity, std::min(budgets_.host_chunk.of(budget), budget / 16), want);
 }
 
 std::size_t Tiers::host_chunk(int device, std::size_t want) {
@@ -276,7 +280,10 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool 
   for (const vmm::Peer& peer : peers) {
     const std::size_t room = round_down(peer_room(peer.device), granularity);
     if (room == 0) continue;
-    const std::size_t size = std::min(want, room);
+    // Peer chunks are units too, a 64th of the peer's memory: a freed one
+    // serves any later spill whole (pool/stitcher.cpp), so one made for a
+    // whole tensor would give a small request a range of the tensor's size.
+    const std::size_t size = std::min(in_units(granularity, info(peer.device).total / 64, want), room);
     // Counted before the (slow) call, so that no other maker overshoots.
     info(peer.device).peer_held += size;
     lock.unlock();

@@ -52,8 +52,9 @@ class Tiers final : public vmm::ChunkObserver {
   // One chunk for `want` bytes of `device` (whose context is current), where
   // the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with
-  // room, else on the host (a host_chunk; up to a unit larger than a small
-  // `want`); smaller than `want` where a tier has less room. Without
+  // room (in units of a 64th of its memory, as host chunks are made), else on
+  // the host (a host_chunk; up to a unit larger than a small `want`); smaller
+  // than `want` where a tier has less room. Without
   // `device_too`, a peer's or the host's only.
   // CUDA_ERROR_OUT_OF_MEMORY when no tier has any.
   CUresult make(int device, std::size_t pool_bytes, std::size_t want, bool device_too, vmm::Chunk* out);

@@ -162,7 +162,9 @@ TEST_F(Spill, AnAllocationSpansDevicePeerAndHost) {
   EXPECT_EQ(pb.tier, GMEM_TIER_HOST);  // its slowest part
   EXPECT_EQ(pb.host_bytes, 12 * mib);
   EXPECT_EQ(pb.peer_bytes, 24 * mib);
-  EXPECT_EQ(pb.chunks, 2 + 6);  // the host's 12 MiB in units of 2 MiB: host_chunk is at most a 16th of host_budget
+  // The peer's 24 MiB and the host's 12 in units of 2 MiB: a 64th of the peer's
+  // memory (in the granularity), and host_chunk at most a 16th of host_budget.
+  EXPECT_EQ(pb.chunks, 1 + 12 + 6);
   gmem_placement pa = stats.placement(a);
   EXPECT_EQ(pa.tier, GMEM_TIER_DEVICE);
   EXPECT_EQ(pa.host_bytes + pa.peer_bytes, 0u);
@@ -188,6 +190,28 @@ TEST_F(Spill, AnAllocationLargerThanTheDeviceSpans) {
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes), 8 * mib);
   free(big);
   alloc(64 * mib + 24 * mib + 48 * mib + 2 * mib, CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+// Peer chunks are units: a spill freed from the peer serves a later, smaller
+// spill in part, and the rest of it the next (the peer's whole chunk would
+// have made the small request a range of the large one's size).
+TEST_F(Spill, PeerChunksServeSmallerSpillsInPart) {
+  alloc(64 * mib);                  // the device
+  CUdeviceptr b = alloc(20 * mib);  // on the peer
+  OwnStats stats;
+  ASSERT_EQ(stats.placement(b).peer_bytes, 20 * mib);
+  free(b);
+  CUdeviceptr c = alloc(6 * mib);
+  round_trip(c, 6 * mib, 7);
+  EXPECT_EQ(stats.placement(c).peer_bytes, 6 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 70 * mib);
+  CUdeviceptr d = alloc(18 * mib);  // b's other 14 MiB, and 4 of the peer's room
+  round_trip(d, 18 * mib, 8);
+  check(c, 6 * mib, 7);
+  EXPECT_EQ(stats.placement(d).peer_bytes, 18 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 88 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_peer_reserved_bytes), 24 * mib);
+  EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes), 0u);
 }
 
 // Spilled memory serves last. While the device is full, a freed spilled range
