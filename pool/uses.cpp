@@ -91,6 +91,7 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
       break;
     case Trial::kept:
     case Trial::dropped:
+    case Trial::peer:
       break;
   }
 }
@@ -100,14 +101,18 @@ void Uses::peak(int device, std::size_t room) {
   for (auto& [id, k] : kinds_) {
     if (k.device == device) k.at_peak = k.live;
   }
-  std::size_t off = 0;
+  std::size_t off = 0, peer = 0;
   for (const auto& [base, l] : live_) {
     const AccessRecord* r = l.device == device ? table_->find(base) : nullptr;
-    if (r && r->base() == base) off += r->host_bytes() + r->peer_bytes();
+    if (r && r->base() == base) {
+      off += r->host_bytes() + r->peer_bytes();
+      peer += r->peer_bytes();
+    }
   }
   Device& d = devices_[device];
   d.lacked = off > room ? off - room : 0;
   d.replan = true;
+  if (peer) d.trial = Trial::peer;
 }
 
 void Uses::forget_old_kinds() {
@@ -212,7 +217,7 @@ std::string Uses::report_plan(std::size_t most) const {
   std::string out;
   char buf[512];
   for (const auto& [device, d] : devices_) {
-    static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped"};
+    static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped", "peer"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
              "planned_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "

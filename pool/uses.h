@@ -24,6 +24,13 @@
 // measured against a step with the plan (after one to settle), and the plan
 // is kept only if that step is at least 5% shorter. report:1 prints the
 // figures by size, and the plan and its trial, at exit.
+//
+// No plan once a peer holds part of a device's peak: what leaves the device
+// goes to a peer before the host whatever the plan, and runs there at about
+// the device's speed, so a plan (which chooses only what leaves the device)
+// has nothing to gain, while its trial re-places what the peer holds (on two
+// H200s it left 112 GB of host memory pinned and the steps 2.8x slower:
+// docs/results.md).
 #pragma once
 
 #include <cstddef>
@@ -119,8 +126,8 @@ class Uses {
     bool counted;  // launches were counted all its life (AccessTable::counting)
   };
   // The trial of the plan: steps in the order requested, then with the plan
-  // (its shares in force), then kept or dropped for good.
-  enum class Trial { ordered, planned, kept, dropped };
+  // (its shares in force), then kept or dropped for good; or no plan (peer).
+  enum class Trial { ordered, planned, kept, dropped, peer };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_used = 0;

@@ -108,14 +108,14 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // A job on device 0 (which spills), one step at a time: A (128 MiB, one
 // launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
 // one launch) is a temporary made after B is freed. B's range lies in host
-// memory. At each peak the device had `room` bytes left. Each step asks the
+// memory (a peer's, with `peer`). At each peak the device had `room` bytes left. Each step asks the
 // driver for 3 maps and 2 ranges (misses) in 7 ms of its calls, 6 ms of them
 // mapping, 5 ms in one range counted slow.
 class Job {
  public:
-  explicit Job(bool place, std::size_t room) : uses_(&table_, place), room_(room) {
+  explicit Job(bool place, std::size_t room, bool peer = false) : uses_(&table_, place), room_(room) {
     table_.add(a, 128 * mib, 0, 0, 0);
-    table_.add(b, 192 * mib, 0, 192 * mib, 0);
+    table_.add(b, 192 * mib, 0, peer ? 0 : 192 * mib, peer ? 192 * mib : 0);
     table_.add(t, 256 * mib, 0, 0, 0);
   }
   // One step lasting `step_ns`: the bytes of A, B and T requested off the device.
@@ -196,6 +196,14 @@ TEST(Uses, NothingGoesOffTheDeviceWhileItHadRoomAtThePeak) {
   Job job(true, 192 * mib);
   for (int i = 0; i < ordered_steps; ++i) job.step();
   EXPECT_EQ(job.step(), (Off{0, 0, 0}));
+}
+
+// Where a peer holds part of the peak, nothing is planned: the order requested
+// stays, and the report says why.
+TEST(Uses, NothingIsPlannedWhileAPeerHoldsPartOfThePeak) {
+  Job job(true, 64 * mib, true);
+  for (int i = 0; i < ordered_steps + 4; ++i) EXPECT_EQ(job.step(), (Off{0, 0, 0})) << "step " << i;
+  EXPECT_NE(job.uses().report().find(" trial=peer "), std::string::npos) << job.uses().report();
 }
 
 // The plan stays if its step is at least 5% shorter than the shortest in the
