@@ -3,7 +3,8 @@
 // tens of GB replays in a moment. Prints, per trace, peak physical / peak
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
-//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step]
+//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
+//               [--per-step]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
 //               [--own-cost] TRACE...
@@ -11,11 +12,13 @@
 // --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
 // --device-memory spill there, and an allocation placed off the device by use
 // when recorded (gmem's own traces, GMEM_CONF trace:FILE) asks for the same.
+// --peer-memory gives the device a peer of that many bytes, all of which the
+// pool may use: spills go there before the host.
 // --per-step prints the pool's work per step, a step ending where the
 // requested bytes come within a 64th of their peak after falling below half
 // of it (as pool/uses.h times steps), and what the pool held then and how
-// much of it was cached free, and of that on the device (the rest is host
-// memory beyond the live allocations'); --misses-from STEP also lists each request
+// much of it was cached free, and of that on the device (the rest is peer and
+// host memory beyond the live allocations'); --misses-from STEP also lists each request
 // that needed a range made from that step on. --max-last-step-maps fails the
 // run when the trace's last whole step mapped more than that many chunks.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
@@ -47,7 +50,7 @@ using gmem::accounting::now;
 
 double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1;
 std::size_t passes = 1;
-std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20;
+std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
 bool per_step = false;
 int misses_from = INT32_MAX;
 
@@ -58,16 +61,17 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s\n", error.c_str());
     return 1;
   }
-  gmem::accounting::reset(accounts.total);
+  gmem::accounting::reset(accounts.total, peer_memory);
   const gmem::vmm::Driver driver = gmem::accounting::driver();
   gmem::pool::Budgets budgets;
-  budgets.peer = gmem::pool::Amount::of_bytes(0);
+  budgets.peer = gmem::pool::Amount::of_bytes(peer_memory);
+  budgets.peer_reserve = gmem::pool::Amount::of_bytes(0);
   budgets.host = gmem::pool::Amount::of_bytes(host_memory);
   budgets.host_prepare = gmem::pool::Amount::of_bytes(0);
   budgets.host_chunk = gmem::pool::Amount::of_bytes(host_chunk);
   budgets.device_reserve = gmem::pool::Amount::of_share(1.0 / 80);  // 1 GiB of an 80 GiB device, as on the H100
   std::optional<gmem::pool::Tiers> tiers;
-  if (host_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
+  if (host_memory || peer_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
   gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);
   std::vector<CUdeviceptr> live(trace->ids, 0);
   std::vector<uint64_t> live_bytes(trace->ids, 0);
@@ -130,16 +134,19 @@ int replay(const std::string& path) {
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) {
-        // Of what is cached free, the host's: what the host holds beyond the
-        // live allocations' host bytes; the rest is the device's.
-        std::size_t live_host = 0;
+        // Of what is cached free, the tiers': what the peer and the host hold
+        // beyond the live allocations' bytes there; the rest is the device's.
+        std::size_t live_spilled = 0;
         for (std::size_t id = 0; tiers && id < live.size(); ++id) {
-          if (live[id]) live_host += tiers->split(live[id], live_bytes[id]).host;
+          if (!live[id]) continue;
+          const gmem::pool::Split split = tiers->split(live[id], live_bytes[id]);
+          live_spilled += split.host + split.peer;
         }
-        const std::size_t cached = pool.cached_bytes(0), cached_host = std::min(cached, held.host - live_host);
+        const std::size_t cached = pool.cached_bytes(0);
+        const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
-               "(host %llu) released %llu; host held %.2f GB; at the peak %.2f GB cached free (%.2f on the device) "
-               "of %.2f GB held\n",
+               "(host %llu) released %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
+               "(%.2f on the device) of %.2f GB held\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -148,7 +155,8 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
              static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9,
-             double(cached) / 1e9, double(cached - cached_host) / 1e9, double(pool.figures(0).reserved) / 1e9);
+             double(held.peer) / 1e9, double(cached) / 1e9, double(cached - cached_spilled) / 1e9,
+             double(pool.figures(0).reserved) / 1e9);
       }
       ++step;
       step_from = w;
@@ -242,6 +250,8 @@ int main(int argc, char** argv) {
       accounts.total = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--host-memory" && i + 1 < argc) {
       host_memory = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--peer-memory" && i + 1 < argc) {
+      peer_memory = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--host-chunk" && i + 1 < argc) {
       host_chunk = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--per-step") {
@@ -269,7 +279,8 @@ int main(int argc, char** argv) {
   }
   if (!traces) {
     fprintf(stderr,
-            "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--per-step] "
+            "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
+            "[--per-step] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
             "[--max-last-step-maps M] [--own-cost] TRACE...\n");
     return 2;

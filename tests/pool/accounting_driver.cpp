@@ -11,23 +11,29 @@ uint64_t lag = 0, now = 0;
 namespace {
 
 std::vector<uint64_t> recorded;  // by event: the call it was recorded at
+int current_device = 0;          // whose memory cuMemGetInfo tells
+
+CUcontext context_of(int device) { return reinterpret_cast<CUcontext>(0xc0 + device); }
+std::size_t& used_of(bool host, bool peer) { return host ? accounts.host_used : peer ? accounts.peer_used : accounts.used; }
 
 CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
                 unsigned long long) {
   if (size == 0 || size % granularity) return CUDA_ERROR_INVALID_VALUE;
   const bool host = prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
-  if (!host && accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
-  (host ? accounts.host_used : accounts.used) += size;
+  const bool peer = !host && prop && prop->location.id == 1;
+  if (peer && accounts.peer_used + size > accounts.peer_total) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!host && !peer && accounts.used + size > accounts.total) return CUDA_ERROR_OUT_OF_MEMORY;
+  used_of(host, peer) += size;
   ++accounts.creates;
   accounts.host_creates += host;
   *handle = accounts.next_handle++;
-  accounts.chunks[*handle] = {size, host};
+  accounts.chunks[*handle] = {size, host, peer};
   return CUDA_SUCCESS;
 }
 CUresult release(CUmemGenericAllocationHandle handle) {
   auto it = accounts.chunks.find(handle);
   if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
-  (it->second.host ? accounts.host_used : accounts.used) -= it->second.size;
+  used_of(it->second.host, it->second.peer) -= it->second.size;
   accounts.chunks.erase(it);
   ++accounts.releases;
   return CUDA_SUCCESS;
@@ -53,10 +59,13 @@ CUresult get_granularity(std::size_t* out, const CUmemAllocationProp*, CUmemAllo
   *out = granularity;
   return CUDA_SUCCESS;
 }
-CUresult total_mem(std::size_t* out, CUdevice) { return *out = accounts.total, CUDA_SUCCESS; }
+CUresult total_mem(std::size_t* out, CUdevice device) {
+  return *out = device == 1 ? accounts.peer_total : accounts.total, CUDA_SUCCESS;
+}
 CUresult get_info(std::size_t* free, std::size_t* total) {
-  if (free) *free = accounts.total - accounts.used;
-  if (total) *total = accounts.total;
+  const bool peer = current_device == 1;
+  if (free) *free = peer ? accounts.peer_total - accounts.peer_used : accounts.total - accounts.used;
+  if (total) *total = peer ? accounts.peer_total : accounts.total;
   return CUDA_SUCCESS;
 }
 CUresult event_create(CUevent* event, unsigned) {
@@ -76,7 +85,19 @@ CUresult synchronize() {
 }
 CUresult get_current(CUcontext* c) { return *c = reinterpret_cast<CUcontext>(0xc0), CUDA_SUCCESS; }
 CUresult set_current(CUcontext) { return CUDA_SUCCESS; }
-CUresult device_count(int* count) { return *count = 1, CUDA_SUCCESS; }
+CUresult device_count(int* count) { return *count = accounts.peer_total ? 2 : 1, CUDA_SUCCESS; }
+CUresult can_access_peer(int* can, CUdevice, CUdevice) { return *can = 1, CUDA_SUCCESS; }
+CUresult p2p_attribute(int* value, CUdevice_P2PAttribute, CUdevice, CUdevice) { return *value = 0, CUDA_SUCCESS; }
+CUresult primary_context(CUcontext* c, CUdevice device) { return *c = context_of(device), CUDA_SUCCESS; }
+CUresult push_current(CUcontext c) {
+  current_device = c == context_of(1);
+  return CUDA_SUCCESS;
+}
+CUresult pop_current(CUcontext* c) {
+  *c = context_of(current_device);
+  current_device = 0;
+  return CUDA_SUCCESS;
+}
 CUresult attribute(int* value, CUdevice_attribute attribute, CUdevice) {
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: return *value = 0, CUDA_SUCCESS;
@@ -88,9 +109,10 @@ CUresult attribute(int* value, CUdevice_attribute attribute, CUdevice) {
 
 }  // namespace
 
-void reset(std::size_t total) {
+void reset(std::size_t total, std::size_t peer_total) {
   accounts = Accounts();
   accounts.total = total;
+  accounts.peer_total = peer_total;
   recorded.clear();
   now = 0;
 }
@@ -116,6 +138,11 @@ vmm::Driver driver() {
   d.cuCtxSetCurrent = set_current;
   d.cuDeviceGetCount = device_count;
   d.cuDeviceGetAttribute = attribute;
+  d.cuDeviceCanAccessPeer = can_access_peer;
+  d.cuDeviceGetP2PAttribute = p2p_attribute;
+  d.cuDevicePrimaryCtxRetain = primary_context;
+  d.cuCtxPushCurrent_v2 = push_current;
+  d.cuCtxPopCurrent_v2 = pop_current;
   return d;
 }
 

@@ -1,6 +1,7 @@
 // A driver that only keeps accounts (no memory behind it), for the pool's
 // policy replays and the unit tests of its parts: one device whose host has
-// a NUMA node for pinned chunks (the spill tiers' host tier); chunks made and released,
+// a NUMA node for pinned chunks (the spill tiers' host tier), and with
+// peer_total a second device, its peer; chunks made and released,
 // mappings, and events that complete `lag` calls after they were recorded,
 // as on a GPU that runs behind the program. Single-threaded.
 #pragma once
@@ -18,9 +19,11 @@ struct Accounts {
   std::size_t total = std::size_t{80} << 30;
   std::size_t used = 0;       // device memory
   std::size_t host_used = 0;  // pinned host memory (the tiers keep its budget)
+  std::size_t peer_total = 0, peer_used = 0;  // device 1's memory (0: no such device)
   struct Chunk {
     std::size_t size;
     bool host;  // pinned host memory, else the device's
+    bool peer;  // device 1's
   };
   std::map<CUmemGenericAllocationHandle, Chunk> chunks;
   CUmemGenericAllocationHandle next_handle = 1;
@@ -34,8 +37,8 @@ extern Accounts accounts;
 // synchronization completes every one.
 extern uint64_t lag, now;
 
-// Fresh accounts for a device of `total` bytes, events forgotten.
-void reset(std::size_t total = std::size_t{80} << 30);
+// Fresh accounts for a device of `total` bytes (and a peer of `peer_total`), events forgotten.
+void reset(std::size_t total = std::size_t{80} << 30, std::size_t peer_total = 0);
 vmm::Driver driver();
 
 }  // namespace gmem::accounting
