@@ -81,7 +81,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     // Whether a request would spill is known once it is served: a refused
     // one's memory goes back to the cache, where its device part serves next.
     if (veto && (spilled.host || spilled.peer) && !quiet() && veto->refuse(a.size)) {
-      vmm_->free(block.base);
+      vmm_->refuse(block.base);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a.host_bytes = spilled.host;

@@ -51,6 +51,7 @@ struct Range {
   std::vector<vmm::Chunk> shared;
   bool exported = false;  // CUDA IPC: other processes may map its chunks
   bool moving = false;    // its chunks are being replaced (VmmPool::plan_move)
+  bool placed_by_use = false;  // its last request asked for bytes off the device (pool/uses.h)
   // Whole ranges, while free: the free that kernels may use its addresses
   // before (its chunks may serve others sooner, on the same stream).
   Pending last_free;
@@ -97,9 +98,10 @@ class Ranges {
   bool ready(const Range& range, StreamId stream);
   // The first of the cached ranges `last` names (pool/recall.h) that is
   // still cached, its chunks all free and reusable on `stream` and its
-  // spilled bytes within `off`, taken out of the cache with its chunks held;
+  // spilled bytes within `off` (with `as_placed`, whatever they are in a
+  // range not placed by use), taken out of the cache with its chunks held;
   // else null.
-  Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off);
+  Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off, bool as_placed);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the
   // frees that keep them are waited for.

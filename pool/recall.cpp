@@ -18,6 +18,7 @@ Recall::Last Recall::last(uint64_t key) const {
 void Recall::served(uint64_t key, std::size_t rounded, Served range) {
   ++live_[rounded];
   if (served_.size() >= max_keys && !served_.count(key)) served_.clear();
+  last_key_ = key;
   Last& last = served_[key];
   // To the front; what it displaces (itself, if there) moves back one.
   auto end = std::find_if(last.begin(), last.end() - 1, [&](const Served& s) { return s.id == range.id; });
@@ -28,6 +29,14 @@ void Recall::served(uint64_t key, std::size_t rounded, Served range) {
 void Recall::freed(std::size_t rounded) {
   auto it = live_.find(rounded);
   if (it != live_.end() && --it->second == 0) live_.erase(it);
+}
+
+void Recall::unserve(uint64_t id) {
+  auto it = served_.find(last_key_);
+  if (it == served_.end() || it->second[0].id != id) return;
+  Last& last = it->second;
+  std::move(last.begin() + 1, last.end(), last.begin());
+  last.back() = Served{};
 }
 
 }  // namespace gmem::pool

@@ -46,10 +46,15 @@ class Recall {
   void served(uint64_t key, std::size_t rounded, Served range);
   // A whole range of `rounded` bytes was freed.
   void freed(std::size_t rounded);
+  // The range with `id`, if it was the last served, is not to serve its
+  // request again: the request was refused (pool/pool.h's veto), and the
+  // memory a program then gives back for its retry must serve it.
+  void unserve(uint64_t id);
 
  private:
   std::unordered_map<std::size_t, uint32_t> live_;  // whole-range allocations live, by rounded size
   std::unordered_map<uint64_t, Last> served_;
+  uint64_t last_key_ = 0;  // of the last request served
 };
 
 }  // namespace gmem::pool

@@ -153,15 +153,21 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     return *short_of_device;
   };
   // While the device spills, a request takes first a range that served the
-  // same request last (pool/recall.h), placed as it was then, by the rules of
-  // placement any cached range serves by.
+  // same request last (pool/recall.h), placed as it was then: one placed by
+  // the rules of placement any cached range serves by; else, for a request
+  // not placed by use (pool/uses.h), one not placed by use whatever its
+  // placement. Free device memory in the meantime is not spare: taking it
+  // takes it from the request it served, which then spills in its turn, step
+  // after step (on two H200s 21 ranges a step were made so, and the host's
+  // bytes moved between tensors: docs/results.md).
   Recall& recall = recall_[device];
   const uint64_t key = recall.key(rounded);
   Range* r = nullptr;
   if (spills) {
     const Recall::Last last = recall.last(key);
-    r = ranges_.take_recalled(device, last, stream, off);
-    if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any());
+    r = ranges_.take_recalled(device, last, stream, off, false);
+    if (!r && !off_device) r = ranges_.take_recalled(device, last, stream, off, true);
+    if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any(), false);
   }
   if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
@@ -178,6 +184,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     r->blocks.resize(1);
   }
   r->last_use = ++clock_;
+  r->placed_by_use = off_device > 0;
   recall.served(key, rounded, {r->va.base(), r->id});
   *range = r;
   return CUDA_SUCCESS;
@@ -201,6 +208,14 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   }
   block = Block{};
   publish_free_figures(range.device);
+}
+
+std::optional<CUresult> VmmPool::refuse(CUdeviceptr ptr) {
+  {
+    std::lock_guard lock(mutex_);
+    if (const Range* range = ranges_.find(ptr)) recall_[range->device].unserve(range->id);
+  }
+  return free(ptr);
 }
 
 std::optional<CUresult> VmmPool::free(CUdeviceptr ptr) {

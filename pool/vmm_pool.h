@@ -51,6 +51,9 @@ class VmmPool {
                  std::size_t off_device = 0);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
+  // The request just served at `ptr` is refused (pool/pool.h's veto): freed,
+  // and not recalled for the request again (pool/recall.h).
+  std::optional<CUresult> refuse(CUdeviceptr ptr);
   // `captured`: the free is part of a graph capture, so it happens whenever the
   // graph runs; the memory is never reused.
   std::optional<CUresult> free_async(CUdeviceptr ptr, OrderedFree order, bool captured, bool quiet);

@@ -43,4 +43,19 @@ TEST(Recall, ASharedKeyRemembersItsLastRangesMostRecentFirst) {
   EXPECT_EQ(last[3].id, 1u);  // moved up when it served again; 2 is forgotten
 }
 
+// A refused request's range is not recalled: the ones before it are.
+TEST(Recall, TheRangeOfARefusedRequestIsForgotten) {
+  Recall recall;
+  const uint64_t key = recall.key(64 * mib);
+  recall.served(key, 64 * mib, {0x1000, 1});
+  recall.freed(64 * mib);
+  recall.served(key, 64 * mib, {0x2000, 2});
+  recall.unserve(1);  // not the last served: nothing changes
+  EXPECT_EQ(recall.last(key)[1].id, 1u);
+  recall.unserve(2);
+  recall.freed(64 * mib);
+  EXPECT_EQ(recall.last(key)[0].id, 1u);
+  EXPECT_EQ(recall.last(key)[1].id, 0u);
+}
+
 }  // namespace
