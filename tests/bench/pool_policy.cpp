@@ -7,7 +7,7 @@
 //               [--per-step]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
-//               [--own-cost] TRACE...
+//               [--max-steady-cached-free F] [--own-cost] TRACE...
 // --host-memory gives the device a host tier of that budget (in chunks of
 // --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
 // --device-memory spill there, and an allocation placed off the device by use
@@ -20,7 +20,9 @@
 // much of it was cached free, and of that on the device (the rest is peer and
 // host memory beyond the live allocations'); --misses-from STEP also lists each request
 // that needed a range made from that step on. --max-last-step-maps fails the
-// run when the trace's last whole step mapped more than that many chunks.
+// run when the trace's last whole step mapped more than that many chunks;
+// --max-steady-cached-free when what was cached free at the peak of either
+// of its last two whole steps is above that fraction of what the pool held.
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -48,7 +50,7 @@ using gmem::accounting::accounts;
 using gmem::accounting::lag;
 using gmem::accounting::now;
 
-double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1;
+double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1;
 std::size_t passes = 1;
 std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
 bool per_step = false;
@@ -81,6 +83,7 @@ int replay(const std::string& path) {
   gmem::accounting::Accounts step_accounts;
   int step = 0;
   uint64_t last_step_maps = 0;
+  double cached_free[2] = {0, 0};  // at the peaks of the last two steps, of what the pool held
   // The steady state, what every later step costs: the last pass when the
   // trace is replayed several times (a job whose steps repeat their requests
   // exactly), else the trace's second half (its steps vary).
@@ -131,6 +134,8 @@ int replay(const std::string& path) {
     }
     if (step_ends.ended(requested, trace->peak_requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
+      cached_free[0] = cached_free[1];
+      cached_free[1] = double(pool.cached_bytes(0)) / double(std::max<std::size_t>(pool.figures(0).reserved, 1));
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) {
@@ -192,6 +197,12 @@ int replay(const std::string& path) {
   if (max_last_step_maps >= 0 && double(last_step_maps) > max_last_step_maps) {
     fprintf(stderr, "pool-policy: %s: %llu mappings in the last whole step, above %.0f\n", path.c_str(),
             static_cast<unsigned long long>(last_step_maps), max_last_step_maps);
+    return 1;
+  }
+  if (max_steady_cached_free >= 0 && std::max(cached_free[0], cached_free[1]) > max_steady_cached_free) {
+    fprintf(stderr, "pool-policy: %s: %.4f of what the pool held lay cached free at the peak of one of the last two "
+            "steps (%.4f, %.4f), above %.4f\n", path.c_str(), std::max(cached_free[0], cached_free[1]), cached_free[0],
+            cached_free[1], max_steady_cached_free);
     return 1;
   }
   if (max_ratio > 0 && ratio > max_ratio) {
@@ -263,6 +274,8 @@ int main(int argc, char** argv) {
       max_steady_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--max-last-step-maps" && i + 1 < argc) {
       max_last_step_maps = std::strtod(argv[++i], nullptr);
+    } else if (a == "--max-steady-cached-free" && i + 1 < argc) {
+      max_steady_cached_free = std::strtod(argv[++i], nullptr);
     } else if (a == "--lag" && i + 1 < argc) {
       lag = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--passes" && i + 1 < argc) {
@@ -282,7 +295,7 @@ int main(int argc, char** argv) {
             "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
             "[--per-step] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
-            "[--max-last-step-maps M] [--own-cost] TRACE...\n");
+            "[--max-last-step-maps M] [--max-steady-cached-free F] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;
