@@ -103,7 +103,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
 void Pool::placement_moved(const std::vector<Block>& blocks) {
   for (const Block& b : blocks) {
     const Split now = tiers_->split(b.base, b.size);
-    allocations_.replace_placement(b.base, now.host, now.peer);
+    allocations_.replace_placement(b.base, now.host, now.peer, b.chunks);
   }
 }
 

@@ -60,10 +60,11 @@ void Ledger::place(Allocation& a) {
                                    static_cast<uint8_t>(a.kind), a.chunks, a.host_bytes, a.peer_bytes});
 }
 
-void Ledger::count_move(Allocation& a, std::size_t host, std::size_t peer) {
+void Ledger::count_move(Allocation& a, std::size_t host, std::size_t peer, uint16_t chunks) {
   const int64_t host_delta = int64_t(host) - int64_t(a.host_bytes), peer_delta = int64_t(peer) - int64_t(a.peer_bytes);
   a.host_bytes = host;
   a.peer_bytes = peer;
+  a.chunks = chunks;
   if (!publisher_) return;
   publisher_->add(a.device, GMEM_STAT_device_bytes, -host_delta - peer_delta);
   publisher_->add(a.device, GMEM_STAT_host_bytes, host_delta);
@@ -82,11 +83,11 @@ void Ledger::count_free(const Allocation& a) {
   publisher_->unplace(a.placement);
 }
 
-void Registry::replace_placement(uint64_t key, std::size_t host, std::size_t peer) {
+void Registry::replace_placement(uint64_t key, std::size_t host, std::size_t peer, uint16_t chunks) {
   Shard& s = shard(key);
   std::lock_guard lock(s.mutex);
   auto it = s.map.find(key);
-  if (it != s.map.end() && it->second.pooled) ledger_.count_move(it->second, host, peer);
+  if (it != s.map.end() && it->second.pooled) ledger_.count_move(it->second, host, peer, chunks);
 }
 
 void Registry::insert(Allocation allocation) {

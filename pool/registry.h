@@ -23,7 +23,7 @@ class Ledger {
   void count_allocation(Allocation& allocation);
   void count_free(const Allocation& allocation);
   // Its memory moved: `host` and `peer` bytes of it now lie in those tiers.
-  void count_move(Allocation& allocation, std::size_t host, std::size_t peer);
+  void count_move(Allocation& allocation, std::size_t host, std::size_t peer, uint16_t chunks);
   Stats stats() const;
 
  private:
@@ -57,8 +57,8 @@ class Registry {
   std::optional<Allocation> find(uint64_t key) const;
 
   // The pool moved the memory of the allocation at `key` (if still live):
-  // `host` and `peer` bytes of it now lie in those tiers.
-  void replace_placement(uint64_t key, std::size_t host, std::size_t peer);
+  // `host` and `peer` bytes of it now lie in those tiers, in `chunks` chunks.
+  void replace_placement(uint64_t key, std::size_t host, std::size_t peer, uint16_t chunks);
 
   // Forgets every allocation of a context the driver destroyed, counted as freed.
   void purge_context(CUcontext context);

@@ -829,6 +829,7 @@ TEST_F(Evict, TheOldestIdleAllocationMovesOffAndBackWithItsData) {
   EXPECT_NE(first, 0u);
   EXPECT_NE(first, second);
   EXPECT_NE(second, third);
+  EXPECT_EQ(OwnStats().placement(a).chunks, 3u);  // the stats plane's placement says so too
   EXPECT_EQ(spilled_bytes(OwnStats(), b), 0u) << "a alone makes room";
   check(a, 96 * mib, 1);
   check(b, 96 * mib, 2);
