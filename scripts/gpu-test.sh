@@ -9,7 +9,8 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     torch-default-lm, torch-default-losses) run only when named in full.
+#     spill-train-peer, torch-default-lm, torch-default-losses) run only when
+#     named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -526,6 +527,20 @@ if named spill-train-gnn; then
 fi
 if named spill-train-lm; then
   step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
+fi
+# The GCN at about 2.0x one GPU with the peer GPU as the first tier (and the
+# host for the rest), against about 0.36 of that size in memory: 13M nodes
+# against 4.7M on two H200s (1.27-1.35x its in-memory step scaled, 2026-11-26),
+# scaled to the first GPU's memory elsewhere.
+if named spill-train-peer; then
+  if [ "$gpus" -ge 2 ]; then
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
+    step spill-train-peer 400 python3 tests/gpu/spill_train.py --shim "$shim" --out "$out/spill-train" \
+      --conf host_budget:85%,peer_reserve:2G --job gnn --steps 10 \
+      --sizes $((13000000 * mib / 143771)) --reference $((4700000 * mib / 143771))
+  else
+    record spill-train-peer "python3 tests/gpu/spill_train.py --job gnn" "SKIPPED (needs 2 GPUs, found $gpus)"
+  fi
 fi
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
 # step) at the tokens of lm 264 and 400 (about 1.6 and 2.1x an H100), against
