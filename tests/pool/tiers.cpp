@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -416,12 +417,13 @@ int threads() {
   return n;
 }
 
-// Waits up to 5 s for `stat` of device 0 to read `value`.
-bool wait_for(gmem_device_stat stat, uint64_t value) {
-  for (int i = 0; i < 500; ++i) {
+// Waits up to `seconds` of wall time for `stat` of device 0 to read `value`.
+bool wait_for(gmem_device_stat stat, uint64_t value, int seconds = 5) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  do {
     if (OwnStats().device(0, stat) == value) return true;
     usleep(10000);
-  }
+  } while (std::chrono::steady_clock::now() < end);
   return false;
 }
 
@@ -770,7 +772,9 @@ TEST_F(Move, CopiesRunningThroughTheMoveKeepTheirData) {
     });
   }
   free(a);
-  EXPECT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
+  // Under ThreadSanitizer, with the suite's other tests beside it, the move
+  // took longer than 500 polls of 10 ms once (the wait is wall time now).
+  EXPECT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib, 60));
   moved = true;
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
