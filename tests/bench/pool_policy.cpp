@@ -134,8 +134,9 @@ int replay(const std::string& path) {
     }
     if (step_ends.ended(requested, trace->peak_requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
+      const std::size_t cached = pool.cached_bytes(0);
       cached_free[0] = cached_free[1];
-      cached_free[1] = double(pool.cached_bytes(0)) / double(std::max<std::size_t>(pool.figures(0).reserved, 1));
+      cached_free[1] = double(cached) / double(std::max<std::size_t>(pool.figures(0).reserved, 1));
       const gmem::pool::Work w = pool.work(0);
       const gmem::pool::Split held = tiers ? tiers->held(0) : gmem::pool::Split{};
       if (per_step) {
@@ -147,7 +148,6 @@ int replay(const std::string& path) {
           const gmem::pool::Split split = tiers->split(live[id], live_bytes[id]);
           live_spilled += split.host + split.peer;
         }
-        const std::size_t cached = pool.cached_bytes(0);
         const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
                "(host %llu) released %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "

@@ -108,9 +108,9 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // A job on device 0 (which spills), one step at a time: A (128 MiB, one
 // launch) and B (192 MiB, five launches) are alive at the peak; T (256 MiB,
 // one launch) is a temporary made after B is freed. B's range lies in host
-// memory (a peer's, with `peer`). At each peak the device had `room` bytes left. Each step asks the
-// driver for 3 maps and 2 ranges (misses) in 7 ms of its calls, 6 ms of them
-// mapping, 5 ms in one range counted slow.
+// memory (a peer's, with `peer`). At each peak the device had `room` bytes
+// left. Each step asks the driver for 3 maps and 2 ranges (misses) in 7 ms of
+// its calls, 6 ms of them mapping, 5 ms in one range counted slow.
 class Job {
  public:
   explicit Job(bool place, std::size_t room, bool peer = false) : uses_(&table_, place), room_(room) {
