@@ -57,6 +57,7 @@ void Pieces::hold(Piece& piece, Range* holder) {
 void Pieces::set_free(Piece& piece, int64_t now) {
   piece.holder = nullptr;
   piece.freed_ns = now;
+  piece.freed_at = handed_out_;
   FreePieces& free = devices_[piece.device].free;
   const std::pair key{piece.memory.size(), piece.id};  // its memory may have been replaced meanwhile
   if (piece.free_node) {

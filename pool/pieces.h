@@ -37,6 +37,7 @@ struct Piece {
   uint64_t id = 0;             // chunks made before it have lower ones
   bool spilled = false;        // made by the tiers somewhere other than the device
   int64_t freed_ns = 0;        // when it last became free (steady clock)
+  uint64_t freed_at = 0;       // and the ranges handed out by then (Pieces::hand_out)
   FreePieces::iterator free_entry;  // while free
   FreePieces::node_type free_node;  // while not free: its entry, kept for the next (no allocation)
   std::list<Piece>::iterator self;
@@ -64,6 +65,11 @@ class Pieces {
   void set_free(Piece& piece, int64_t now = now_ns());
   // Back to the driver; it must be mapped in no range.
   void release(Piece& piece);
+  // A whole range is handed out: the count of those so far, which dates
+  // what each chunk did since (a chunk free since before a range's hand-out
+  // has `freed_at` below it).
+  uint64_t hand_out() { return ++handed_out_; }
+  uint64_t handed_out() const { return handed_out_; }
 
   FreePieces& free(int device) { return devices_[device].free; }
   std::list<Piece>& all(int device) { return devices_[device].pieces; }
@@ -88,6 +94,7 @@ class Pieces {
   Tiers* const tiers_;
   PerDevice<Device> devices_;
   uint64_t made_ = 0;
+  uint64_t handed_out_ = 0;
 };
 
 }  // namespace gmem::pool

@@ -45,7 +45,11 @@ struct Range {
   std::vector<Block> blocks;   // one per class_size block, or one; size 0 when free
   std::size_t live = 0;        // blocks in use
   uint64_t id = 0;             // ranges made before it have lower ones
-  uint64_t last_use = 0;       // whole ranges: when last handed out
+  uint64_t last_use = 0;       // whole ranges: when last handed out (Pieces::hand_out)
+  uint64_t served_key = 0;     // whole ranges: the request it last served (Recall::key)
+  // Partly off the device, while the device spilled: the device's chunks
+  // that were free all through its last life (their keys among the free ones).
+  std::vector<FreePieces::key_type> idle_in_life;
   // Dedup: the chunks of a copy shared with other processes, mapped
   // read-only instead of `pieces` (which stay held if they are the same memory).
   std::vector<vmm::Chunk> shared;

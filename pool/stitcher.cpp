@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <utility>
 
 #include "pool/clock.h"
 
@@ -153,6 +154,66 @@ void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std
     *covered += fresh->memory.size();
     parts->push_back(fresh);
   }
+}
+
+Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream, bool onto_device) {
+  const int device = old.device;
+  std::vector<Piece*> parts, spilled;
+  std::size_t covered = 0;
+  for (Piece* p : old.pieces) {
+    if (p->spilled) {
+      spilled.push_back(p);
+    } else {
+      parts.push_back(p);
+      covered += p->memory.size();
+    }
+  }
+  FreePieces& free = pieces_.free(device);
+  std::vector<Piece*> idle;  // free and reusable on `stream` now
+  for (const FreePieces::key_type& key : old.idle_in_life) {
+    auto it = free.find(key);
+    if (it != free.end() && order_.ready(it->second->pending, stream)) idle.push_back(it->second);
+  }
+  std::sort(idle.begin(), idle.end(), [](Piece* a, Piece* b) { return a->memory.size() > b->memory.size(); });
+  // The idle device chunks, the largest first, within the slack a stitched
+  // range may have.
+  const std::size_t slack = size / 32;
+  for (Piece*& p : idle) {
+    if (covered >= size || parts.size() >= most_parts) break;
+    if (onto_device && !p->spilled && covered + p->memory.size() <= size + slack) {
+      parts.push_back(p);
+      covered += p->memory.size();
+      p = nullptr;
+    }
+  }
+  // Then its own spilled chunks for the rest; one no other range maps is
+  // swapped for an idle spilled chunk of its size and place where there is
+  // one (its own then lies idle, and goes back at a step's end: VmmPool::end_step).
+  std::vector<Piece*> unused;
+  for (Piece* own : spilled) {
+    if (covered >= size) {
+      unused.push_back(own);
+      continue;
+    }
+    Piece* part = own;
+    auto swap = std::find_if(idle.begin(), idle.end(), [&](Piece* p) {
+      return p && p->spilled && p->memory.size() == own->memory.size() &&
+             p->memory.location() == own->memory.location();
+    });
+    if (own->ranges.size() == 1 && swap != idle.end()) {
+      part = std::exchange(*swap, nullptr);
+      unused.push_back(own);
+    }
+    parts.push_back(part);
+    covered += part->memory.size();
+  }
+  Range* fresh = nullptr;
+  if (unused.empty() || ranges_.map(std::move(parts), device, &fresh) != CUDA_SUCCESS) return nullptr;
+  const int64_t now = now_ns();
+  for (Piece* p : unused) pieces_.set_free(*p, now);
+  ranges_.cache(old);
+  books_.publish(device, GMEM_STAT_stitches, 1);
+  return fresh;
 }
 
 CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, std::size_t off_device, Range** out) {

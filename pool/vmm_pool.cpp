@@ -94,6 +94,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   range->blocks[index] = *out;
   b.add_used(out->physical);
+  end_step(device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
     access_->start_counting();
@@ -102,6 +103,19 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
   if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled();
   return CUDA_SUCCESS;
+}
+
+void VmmPool::end_step(int device) {
+  if (!tiers_ || !tiers_->spilled(device)) return;
+  const Book& b = books_[device];
+  Steps& steps = steps_[device];
+  if (!steps.ends.ended(b.figures.used, b.peak_used)) return;
+  std::vector<Piece*> idle;
+  for (const auto& [key, piece] : pieces_.free(device)) {
+    if (piece->spilled && piece->freed_at < steps.began && ranges_.droppable(*piece, false)) idle.push_back(piece);
+  }
+  for (Piece* p : idle) ranges_.drop(*p);
+  steps.began = pieces_.handed_out();
 }
 
 std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {
@@ -179,15 +193,27 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   }
   if (!r && device_short()) r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any(), most_spilled);
-  if (r) {
+  // A range that served the same request last, partly off the device, is
+  // made again with chunks that lay idle all through its last life: the
+  // device's where the request is not placed off the device by use. (It is
+  // handed out first: the chunks it no longer needs are free from after.)
+  const uint64_t use = pieces_.hand_out();
+  if (Range* fresh = r && spills && r->served_key == key && r->spilled()
+                         ? stitcher_.remake(*r, rounded, stream, !off_device)
+                         : nullptr) {
+    ++b.work.misses;
+    r = fresh;
+    r->blocks.resize(1);
+  } else if (r) {
     ++b.work.hits;
   } else {
     ++b.work.misses;
     if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
     r->blocks.resize(1);
   }
-  r->last_use = ++clock_;
+  r->last_use = use;
   r->placed_by_use = off_device > 0;
+  r->served_key = key;
   recall.served(key, rounded, {r->va.base(), r->id});
   *range = r;
   return CUDA_SUCCESS;
@@ -201,6 +227,12 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   } else {
     recall_[range.device].freed(round_up(block.size, books_[range.device].granularity));
     range.live = 0;
+    range.idle_in_life.clear();
+    if (tiers_ && tiers_->spilled(range.device) && range.spilled()) {
+      for (const auto& [key, piece] : pieces_.free(range.device)) {
+        if (piece->freed_at < range.last_use) range.idle_in_life.push_back(key);
+      }
+    }
     ranges_.cache(range);
     order_.share(range.last_free, pending);
     const int64_t now = now_ns();
