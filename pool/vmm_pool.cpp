@@ -197,8 +197,11 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // made again with chunks that lay idle all through its last life: the
   // device's where the request is not placed off the device by use. (It is
   // handed out first: the chunks it no longer needs are free from after.)
+  // Not where a peer holds spills: there the steps settle as placed, and
+  // remaking made the GCN on two H200s remap every step, 15% slower
+  // (docs/results.md).
   const uint64_t use = pieces_.hand_out();
-  if (Range* fresh = r && spills && r->served_key == key && r->spilled()
+  if (Range* fresh = r && spills && !tiers_->held(device).peer && r->served_key == key && r->spilled()
                          ? stitcher_.remake(*r, rounded, stream, !off_device)
                          : nullptr) {
     ++b.work.misses;
