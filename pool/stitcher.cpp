@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <iterator>
-#include <utility>
 
 #include "pool/clock.h"
 
@@ -156,7 +155,7 @@ void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std
   }
 }
 
-Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream, bool onto_device) {
+Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
   const int device = old.device;
   std::vector<Piece*> parts, spilled;
   std::size_t covered = 0;
@@ -168,49 +167,28 @@ Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream, bool onto
       covered += p->memory.size();
     }
   }
-  FreePieces& free = pieces_.free(device);
-  std::vector<Piece*> idle;  // free and reusable on `stream` now
-  for (const FreePieces::key_type& key : old.idle_in_life) {
-    auto it = free.find(key);
-    if (it != free.end() && order_.ready(it->second->pending, stream)) idle.push_back(it->second);
-  }
-  std::sort(idle.begin(), idle.end(), [](Piece* a, Piece* b) { return a->memory.size() > b->memory.size(); });
   // The idle device chunks, the largest first, within the slack a stitched
-  // range may have.
+  // range may have; then its own spilled chunks for the rest.
+  FreePieces& free = pieces_.free(device);
+  std::sort(old.idle_in_life.begin(), old.idle_in_life.end(), std::greater<>());
   const std::size_t slack = size / 32;
-  for (Piece*& p : idle) {
+  for (const FreePieces::key_type& key : old.idle_in_life) {
     if (covered >= size || parts.size() >= most_parts) break;
-    if (onto_device && !p->spilled && covered + p->memory.size() <= size + slack) {
-      parts.push_back(p);
-      covered += p->memory.size();
-      p = nullptr;
+    auto it = free.find(key);
+    if (it != free.end() && covered + key.first <= size + slack && order_.ready(it->second->pending, stream)) {
+      parts.push_back(it->second);
+      covered += key.first;
     }
   }
-  // Then its own spilled chunks for the rest; one no other range maps is
-  // swapped for an idle spilled chunk of its size and place where there is
-  // one (its own then lies idle, and goes back at a step's end: VmmPool::end_step).
-  std::vector<Piece*> unused;
-  for (Piece* own : spilled) {
-    if (covered >= size) {
-      unused.push_back(own);
-      continue;
-    }
-    Piece* part = own;
-    auto swap = std::find_if(idle.begin(), idle.end(), [&](Piece* p) {
-      return p && p->spilled && p->memory.size() == own->memory.size() &&
-             p->memory.location() == own->memory.location();
-    });
-    if (own->ranges.size() == 1 && swap != idle.end()) {
-      part = std::exchange(*swap, nullptr);
-      unused.push_back(own);
-    }
-    parts.push_back(part);
-    covered += part->memory.size();
+  std::size_t kept = 0;
+  for (; kept < spilled.size() && covered < size; ++kept) {
+    parts.push_back(spilled[kept]);
+    covered += spilled[kept]->memory.size();
   }
   Range* fresh = nullptr;
-  if (unused.empty() || ranges_.map(std::move(parts), device, &fresh) != CUDA_SUCCESS) return nullptr;
+  if (kept == spilled.size() || ranges_.map(std::move(parts), device, &fresh) != CUDA_SUCCESS) return nullptr;
   const int64_t now = now_ns();
-  for (Piece* p : unused) pieces_.set_free(*p, now);
+  for (std::size_t i = kept; i < spilled.size(); ++i) pieces_.set_free(*spilled[i], now);
   ranges_.cache(old);
   books_.publish(device, GMEM_STAT_stitches, 1);
   return fresh;

@@ -44,18 +44,15 @@ class Stitcher {
   // from the device as usual.
   CUresult stitch(std::size_t size, int device, StreamId stream, std::size_t off_device, Range** out);
   // `old`, a range just taken to serve the request it served last, partly
-  // off the device, made again with chunks that were free all through its
-  // last life (Range::idle_in_life) and are free and reusable on `stream`
-  // now: with `onto_device`, the device's in place of as many of its spilled
-  // chunks as they cover; then, of its spilled chunks no other range maps,
-  // each swapped for an idle spilled chunk of its size and place. In a job
-  // whose steps repeat, those chunks serve no other request while this one
-  // lives: the device's memory stops lying idle beside the host's, and the
-  // chunks it no longer needs lie idle until a step's end gives them back
-  // (VmmPool::end_step). `old` goes back to the cache (its chunks are the
-  // new range's while it lives). Null, and `old` as it was, where none of
-  // its spilled chunks would go.
-  Range* remake(Range& old, std::size_t size, StreamId stream, bool onto_device);
+  // off the device, made again with the device's chunks that were free all
+  // through its last life (Range::idle_in_life) and are free and reusable on
+  // `stream` now, in place of as many of its spilled chunks as they cover:
+  // in a job whose steps repeat, those chunks serve no other request while
+  // this one lives, so the device's memory stops lying idle beside the
+  // host's. `old` goes back to the cache (its chunks are the new range's
+  // while it lives; the spilled ones it no longer needs are free). Null, and
+  // `old` as it was, where no spilled chunk would be replaced.
+  Range* remake(Range& old, std::size_t size, StreamId stream);
   // Whether the pool may take `size` more bytes of new memory rather than
   // take cached memory apart: it holds at most its peak use and the headroom.
   bool may_grow(const Book& book, std::size_t size) const;

@@ -94,7 +94,6 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   range->blocks[index] = *out;
   b.add_used(out->physical);
-  end_step(device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
     access_->start_counting();
@@ -103,19 +102,6 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
   if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled();
   return CUDA_SUCCESS;
-}
-
-void VmmPool::end_step(int device) {
-  if (!tiers_ || !tiers_->spilled(device)) return;
-  const Book& b = books_[device];
-  Steps& steps = steps_[device];
-  if (!steps.ends.ended(b.figures.used, b.peak_used)) return;
-  std::vector<Piece*> idle;
-  for (const auto& [key, piece] : pieces_.free(device)) {
-    if (piece->spilled && piece->freed_at < steps.began && ranges_.droppable(*piece, false)) idle.push_back(piece);
-  }
-  for (Piece* p : idle) ranges_.drop(*p);
-  steps.began = pieces_.handed_out();
 }
 
 std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {
@@ -194,15 +180,13 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   }
   if (!r && device_short()) r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any(), most_spilled);
   // A range that served the same request last, partly off the device, is
-  // made again with chunks that lay idle all through its last life: the
-  // device's where the request is not placed off the device by use. (It is
-  // handed out first: the chunks it no longer needs are free from after.)
-  // Not where a peer holds spills: there the steps settle as placed, and
-  // remaking made the GCN on two H200s remap every step, 15% slower
-  // (docs/results.md).
-  const uint64_t use = pieces_.hand_out();
-  if (Range* fresh = r && spills && !tiers_->held(device).peer && r->served_key == key && r->spilled()
-                         ? stitcher_.remake(*r, rounded, stream, !off_device)
+  // made again with the device's chunks that lay idle all through its last
+  // life, unless the request is placed off the device by use. Not where a
+  // peer holds spills: there the steps settle as placed, and remaking made
+  // the GCN on two H200s remap every step, 15% slower (docs/results.md).
+  if (Range* fresh = r && spills && !off_device && !tiers_->held(device).peer && r->served_key == key &&
+                             r->spilled()
+                         ? stitcher_.remake(*r, rounded, stream)
                          : nullptr) {
     ++b.work.misses;
     r = fresh;
@@ -214,7 +198,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
     r->blocks.resize(1);
   }
-  r->last_use = use;
+  r->last_use = pieces_.hand_out();
   r->placed_by_use = off_device > 0;
   r->served_key = key;
   recall.served(key, rounded, {r->va.base(), r->id});
@@ -233,7 +217,7 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
     range.idle_in_life.clear();
     if (tiers_ && tiers_->spilled(range.device) && range.spilled()) {
       for (const auto& [key, piece] : pieces_.free(range.device)) {
-        if (piece->freed_at < range.last_use) range.idle_in_life.push_back(key);
+        if (!piece->spilled && piece->freed_at < range.last_use) range.idle_in_life.push_back(key);
       }
     }
     ranges_.cache(range);

@@ -17,7 +17,6 @@
 #include "pool/book.h"
 #include "pool/publisher.h"
 #include "pool/slabs.h"
-#include "pool/step_ends.h"
 #include "pool/stitcher.h"
 #include "pool/stream_order.h"
 #include "pool/tiers.h"
@@ -228,11 +227,6 @@ class VmmPool {
   // for the next spill: giving them back frees none of the device's memory).
   void trim_locked(int device, std::size_t keep, bool spilled_too);
   void publish_free_figures(int device);
-  // While `device` spills, at each end of the job's steps: its spilled free
-  // chunks that no range held all through the step before go back (a range
-  // made again, Stitcher::remake, leaves such chunks; others are what a
-  // phase of the job no longer needs).
-  void end_step(int device);
   // Dedup: the live whole-range allocation at `base`, or null; what its
   // addresses map (shared chunks, else its pieces); `chunks` mapped over all
   // of `range` (on failure, nothing); its pieces freed and, once nothing may
@@ -269,11 +263,6 @@ class VmmPool {
   Slabs slabs_;
   Stitcher stitcher_;
   PerDevice<Recall> recall_;
-  struct Steps {
-    StepEnds ends;
-    uint64_t began = 0;  // Pieces::hand_out's count at the last end
-  };
-  PerDevice<Steps> steps_;
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };
 
