@@ -74,6 +74,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     evictor_->make_room(a.device, a.size);
   }
   const Uses::Request use = uses_.request(a.device, a.size);
+  const Work before = trace_ ? vmm_->work(a.device) : Work{};
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
@@ -96,7 +97,11 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   a.physical = block.physical;
   a.chunks = block.chunks;
   allocations_.insert(a);
-  if (trace_) trace_->allocated(block.base, a.size, stream, use.off_device);
+  if (trace_) {
+    const Work after = vmm_->work(a.device);
+    const TraceRecorder::Made made{after.maps - before.maps, after.map_ns - before.map_ns, a.host_bytes};
+    trace_->allocated(block.base, a.size, stream, use.off_device, after.misses > before.misses ? &made : nullptr);
+  }
   return CUDA_SUCCESS;
 }
 

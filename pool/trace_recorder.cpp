@@ -67,12 +67,17 @@ uint32_t TraceRecorder::stream_number(StreamId stream) {
   return it->second;
 }
 
-void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device) {
+void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
+                              const Made* made) {
   std::lock_guard lock(mutex_);
   if (getpid() != pid_ || ids_.count(base)) return;
   const uint32_t id = id_for(base);
   const uint32_t number = stream_number(stream);
   std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
+  if (made) {
+    std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host\n",
+                 static_cast<unsigned long long>(made->maps), double(made->map_ns) / 1e6, made->host);
+  }
   std::fflush(out_);
 }
 

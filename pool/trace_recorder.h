@@ -31,8 +31,15 @@ class TraceRecorder {
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
   // The pool served `size` bytes at `base`, ordered on `stream` (0: none),
-  // `off_device` of them placed off the device by use.
-  void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device);
+  // `off_device` of them placed off the device by use. Where it made a range
+  // for it (`made`), a comment line follows: the chunks it mapped, the time
+  // that took, and the bytes that lie on the host (what a replay is compared with).
+  struct Made {
+    uint64_t maps = 0, map_ns = 0;
+    std::size_t host = 0;
+  };
+  void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
+                 const Made* made = nullptr);
   // The allocation at `base` was freed (one the trace saw allocated).
   void freed(CUdeviceptr base);
 

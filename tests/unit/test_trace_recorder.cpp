@@ -23,13 +23,24 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     ASSERT_TRUE(trace) << error;
     const gmem::pool::StreamId legacy = reinterpret_cast<gmem::pool::StreamId>(CU_STREAM_LEGACY);
     trace->allocated(0x1000, 100, 0, 0);
-    trace->allocated(0x2000, 200 << 20, 77, 64 << 20);  // a stream of its own, part placed off the device
+    // A stream of its own, part placed off the device, and a range made for it.
+    const TraceRecorder::Made made{3, 2'500'000, std::size_t{64} << 20};
+    trace->allocated(0x2000, 200 << 20, 77, 64 << 20, &made);
     trace->freed(0x1000);
     trace->allocated(0x3000, 50, legacy, 0);  // takes id 0 again, on stream 0
     trace->freed(0x9000);                     // never allocated: not written
     trace->allocated(0x4000, 60, 88, 0);      // another stream
     trace->freed(0x2000);
   }
+  std::string text;
+  if (FILE* f = std::fopen(temp_path().c_str(), "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) text += line;
+    std::fclose(f);
+  }
+  EXPECT_NE(text.find("a 1 209715200 1 67108864\n# made: 3 mappings in 2.5 ms, 67108864 bytes on the host\n"),
+            std::string::npos)
+      << text;
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
