@@ -124,10 +124,11 @@ class Ranges {
     });
   }
 
- private:
   // Ranges one chunk may be mapped in at once; beyond, the least recently
   // used free one is unmapped.
   static constexpr std::size_t max_ranges_per_piece = 32;
+
+ private:
   // A range whose mapping takes longer is counted apart (Work::slow_maps).
   static constexpr uint64_t slow_map_ns = 10'000'000;
 

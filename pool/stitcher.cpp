@@ -185,8 +185,14 @@ Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
     parts.push_back(spilled[kept]);
     covered += spilled[kept]->memory.size();
   }
+  // A chunk in as many ranges as it may be would lose the least recently used
+  // of them to the new one, which may be `old` itself (taken, not cached).
+  const bool crowded = std::any_of(parts.begin(), parts.end(),
+                                   [](const Piece* p) { return p->ranges.size() >= Ranges::max_ranges_per_piece; });
   Range* fresh = nullptr;
-  if (kept == spilled.size() || ranges_.map(std::move(parts), device, &fresh) != CUDA_SUCCESS) return nullptr;
+  if (kept == spilled.size() || crowded || ranges_.map(std::move(parts), device, &fresh) != CUDA_SUCCESS) {
+    return nullptr;
+  }
   const int64_t now = now_ns();
   for (std::size_t i = kept; i < spilled.size(); ++i) pieces_.set_free(*spilled[i], now);
   ranges_.cache(old);
