@@ -165,11 +165,12 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // the rule, 7.3 s without (docs/results.md).
   Recall& recall = recall_[device];
   const uint64_t key = recall.key(rounded);
+  const bool as_placed = spills && !off_device && tiers_->held(device).peer;
   Range* r = nullptr;
   if (spills) {
     const Recall::Last last = recall.last(key);
     r = ranges_.take_recalled(device, last, stream, off, false);
-    if (!r && !off_device && tiers_->held(device).peer) r = ranges_.take_recalled(device, last, stream, off, true);
+    if (!r && as_placed) r = ranges_.take_recalled(device, last, stream, off, true);
     if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any(), false);
   }
   if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
@@ -184,8 +185,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // life, unless the request is placed off the device by use. Not where a
   // peer holds spills: there the steps settle as placed, and remaking made
   // the GCN on two H200s remap every step, 15% slower (docs/results.md).
-  if (Range* fresh = r && spills && !off_device && !tiers_->held(device).peer && r->served_key == key &&
-                             r->spilled()
+  if (Range* fresh = r && spills && !off_device && !as_placed && r->served_key == key && r->spilled()
                          ? stitcher_.remake(*r, rounded, stream)
                          : nullptr) {
     ++b.work.misses;
