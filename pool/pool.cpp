@@ -75,6 +75,10 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   }
   const Uses::Request use = uses_.request(a.device, a.size);
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
+  // Whether the GPU ran out of work while the pool made a range: the time
+  // was then the step's, not hidden behind queued kernels.
+  auto busy = [&] { return driver_.cuStreamQuery(reinterpret_cast<CUstream>(stream)) == CUDA_ERROR_NOT_READY; };
+  const bool busy_before = trace_ && busy();
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
@@ -99,8 +103,10 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   allocations_.insert(a);
   if (trace_) {
     const Work after = vmm_->work(a.device);
-    const TraceRecorder::Made made{after.maps - before.maps, after.map_ns - before.map_ns, a.host_bytes};
-    trace_->allocated(block.base, a.size, stream, use.off_device, after.misses > before.misses ? &made : nullptr);
+    const bool made_range = after.misses > before.misses;
+    const TraceRecorder::Made made{after.maps - before.maps, after.map_ns - before.map_ns, a.host_bytes,
+                                   made_range && busy_before && !busy()};
+    trace_->allocated(block.base, a.size, stream, use.off_device, made_range ? &made : nullptr);
   }
   return CUDA_SUCCESS;
 }

@@ -37,6 +37,7 @@ class TraceRecorder {
   struct Made {
     uint64_t maps = 0, map_ns = 0;
     std::size_t host = 0;
+    bool drained = false;  // the allocation's stream had work before and none after
   };
   void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
                  const Made* made = nullptr);

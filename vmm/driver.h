@@ -41,6 +41,7 @@ namespace gmem::vmm {
   X(cuEventCreate, cuEventCreate)                               \
   X(cuEventRecord, cuEventRecord)                               \
   X(cuEventQuery, cuEventQuery)                                 \
+  X(cuStreamQuery, cuStreamQuery)                               \
   X(cuEventSynchronize, cuEventSynchronize)                     \
   X(cuStreamIsCapturing, cuStreamIsCapturing)                   \
   X(cuStreamIsCapturing_ptsz, cuStreamIsCapturing)              \

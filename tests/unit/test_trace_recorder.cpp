@@ -31,6 +31,9 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     trace->freed(0x9000);                     // never allocated: not written
     trace->allocated(0x4000, 60, 88, 0);      // another stream
     trace->freed(0x2000);
+    // A range made while the GPU ran out of work.
+    const TraceRecorder::Made drained{2, 1'000'000, 0, true};
+    trace->allocated(0x5000, 300 << 20, 0, 0, &drained);
   }
   std::string text;
   if (FILE* f = std::fopen(temp_path().c_str(), "r")) {
@@ -41,10 +44,13 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_NE(text.find("a 1 209715200 1 67108864\n# made: 3 mappings in 2.5 ms, 67108864 bytes on the host\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("# made: 2 mappings in 1.0 ms, 0 bytes on the host; its stream ran out of work meanwhile\n"),
+            std::string::npos)
+      << text;
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
-  ASSERT_EQ(t->events.size(), 6u);
+  ASSERT_EQ(t->events.size(), 7u);
   EXPECT_EQ(t->events[1].bytes, std::size_t{200} << 20);
   EXPECT_EQ(t->events[1].stream, 1u);
   EXPECT_EQ(t->events[1].off_device, std::size_t{64} << 20);
@@ -55,7 +61,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_EQ(t->events[4].id, 2u);
   EXPECT_EQ(t->events[4].stream, 2u);
   EXPECT_EQ(t->ids, 3u);
-  EXPECT_EQ(t->peak_requested, (std::size_t{200} << 20) + 110);
+  EXPECT_EQ(t->events[6].bytes, std::size_t{300} << 20);
+  EXPECT_EQ(t->peak_requested, (std::size_t{300} << 20) + 110);
 }
 
 TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
