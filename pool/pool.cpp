@@ -82,6 +82,10 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
+    if (trace_) {
+      const Split held = tiers_->held(a.device);
+      trace_->device_full(vmm_->figures(a.device).reserved - held.host - held.peer);
+    }
     const Split spilled = tiers_->split(block.base, block.size);
     // Whether a request would spill is known once it is served: a refused
     // one's memory goes back to the cache, where its device part serves next.

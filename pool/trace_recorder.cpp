@@ -82,6 +82,14 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
   std::fflush(out_);
 }
 
+void TraceRecorder::device_full(std::size_t device_bytes) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_ || device_full_) return;
+  device_full_ = true;
+  std::fprintf(out_, "# device full: the pool held %zu bytes of the device\n", device_bytes);
+  std::fflush(out_);
+}
+
 void TraceRecorder::freed(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = ids_.find(base);

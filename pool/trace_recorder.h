@@ -43,6 +43,10 @@ class TraceRecorder {
                  const Made* made = nullptr);
   // The allocation at `base` was freed (one the trace saw allocated).
   void freed(CUdeviceptr base);
+  // The device first spilled, the pool then holding `device_bytes` of its
+  // memory: a comment line, written once, from which a replay takes the
+  // device's size (pool-policy).
+  void device_full(std::size_t device_bytes);
 
  private:
   TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid) {}
@@ -56,6 +60,7 @@ class TraceRecorder {
   std::vector<uint32_t> free_ids_;  // a min-heap: ids are reused smallest first
   uint32_t next_id_ = 0;
   std::unordered_map<StreamId, uint32_t> streams_;
+  bool device_full_ = false;  // said
 };
 
 }  // namespace gmem::pool

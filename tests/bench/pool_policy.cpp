@@ -8,6 +8,9 @@
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
 //               [--max-steady-cached-free F] [--own-cost] TRACE...
+// --device-memory is the device's size; without it, a size that leaves the
+// pool as much of the device as it held when the device filled, where the
+// trace says (`# device full`, in gmem's own traces), else 80 GiB.
 // --host-memory gives the device a host tier of that budget (in chunks of
 // --host-chunk, 256 MiB by default; none prepared ahead): requests beyond
 // --device-memory spill there, and an allocation placed off the device by use
@@ -52,7 +55,7 @@ using gmem::accounting::now;
 
 double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1;
 std::size_t passes = 1;
-std::size_t host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
+std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
 bool per_step = false;
 int misses_from = INT32_MAX;
 
@@ -63,7 +66,16 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s\n", error.c_str());
     return 1;
   }
-  gmem::accounting::reset(accounts.total, peer_memory);
+  // The device's size: as given; else as large as the pool had it when the
+  // device filled, where gmem's trace says so (the pool keeps a reserve of an
+  // 80th of the device free); else 80 GiB.
+  std::size_t total = device_memory;
+  if (!total && trace->device_full) {
+    total = trace->device_full + trace->device_full / 79;
+    printf("pool-policy: %s: device memory %zu bytes, the pool's %llu when the device filled\n", path.c_str(), total,
+           static_cast<unsigned long long>(trace->device_full));
+  }
+  gmem::accounting::reset(total ? total : std::size_t{80} << 30, peer_memory);
   const gmem::vmm::Driver driver = gmem::accounting::driver();
   gmem::pool::Budgets budgets;
   budgets.peer = gmem::pool::Amount::of_bytes(peer_memory);
@@ -258,7 +270,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--device-memory" && i + 1 < argc) {
-      accounts.total = std::strtoull(argv[++i], nullptr, 10);
+      device_memory = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--host-memory" && i + 1 < argc) {
       host_memory = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--peer-memory" && i + 1 < argc) {

@@ -11,6 +11,7 @@ namespace gmem::trace {
 namespace {
 
 constexpr const char* header = "# gmem allocation trace v1";
+const std::string device_full = "# device full: the pool held ";
 
 // One unsigned decimal field below `limit`, and nothing after it but space.
 bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
@@ -42,6 +43,14 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     ++number;
     if (number == 1) {
       if (line != header) return fail(std::string("expected '") + header + "', found '" + line.substr(0, 60) + "'");
+      continue;
+    }
+    // gmem's own traces say once how much of the device the pool held when it filled.
+    if (line.compare(0, device_full.size(), device_full) == 0) {
+      std::istringstream said(line.substr(device_full.size()));
+      if (!field(said, UINT64_C(1) << 48, &t.device_full)) {
+        return fail("expected '" + device_full + "BYTES bytes of the device', found '" + line.substr(0, 80) + "'");
+      }
       continue;
     }
     std::istringstream fields(line);

@@ -27,6 +27,9 @@ struct Trace {
   std::uint32_t ids = 0;      // highest id + 1
   std::uint32_t streams = 1;  // highest stream + 1
   std::uint64_t peak_requested = 0;
+  // gmem's own traces: the device memory the pool held when the device first
+  // spilled (`# device full: the pool held N bytes of the device`); 0 if not said.
+  std::uint64_t device_full = 0;
 };
 
 // The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks

@@ -41,6 +41,17 @@ TEST(Trace, GmemsOwnTracesSayWhatWasPlacedOffTheDevice) {
   EXPECT_EQ(t->events[0].stream, 0u);
   EXPECT_EQ(t->events[1].off_device, 0u);
   EXPECT_EQ(t->events[1].stream, 1u);
+  EXPECT_EQ(t->device_full, 0u);  // not said
+}
+
+TEST(Trace, GmemsOwnTracesSayHowMuchOfTheDeviceThePoolHeldWhenItFilled) {
+  std::string error;
+  auto t = read(header + "a 0 100 0\n# made: 1 mappings in 0.1 ms, 0 bytes on the host\n"
+                         "# device full: the pool held 78123456512 bytes of the device\na 1 50 0 50\n",
+                &error);
+  ASSERT_TRUE(t) << error;
+  EXPECT_EQ(t->device_full, 78123456512u);
+  EXPECT_EQ(t->events.size(), 2u);
 }
 
 TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
@@ -59,6 +70,7 @@ TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
       {header + "a 0 10 0 11\n", "t:2: unexpected '11'"},  // more off the device than allocated
       {header + "a 0 10 0 7 1\n", "t:2: unexpected '1'"},
       {header + "a 0 99999999999999999999999 0\n", "t:2: expected"},
+      {header + "# device full: the pool held many bytes of the device\n", "t:2: expected '# device full: the pool held BYTES"},
   };
   for (const auto& [text, message] : cases) {
     std::string error;

@@ -34,6 +34,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     // A range made while the GPU ran out of work.
     const TraceRecorder::Made drained{2, 1'000'000, 0, true};
     trace->allocated(0x5000, 300 << 20, 0, 0, &drained);
+    trace->device_full(std::size_t{78} << 30);
+    trace->device_full(std::size_t{77} << 30);  // said once
   }
   std::string text;
   if (FILE* f = std::fopen(temp_path().c_str(), "r")) {
@@ -47,6 +49,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_NE(text.find("# made: 2 mappings in 1.0 ms, 0 bytes on the host; its stream ran out of work meanwhile\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("# device full: the pool held 83751862272 bytes of the device\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("82678120448"), std::string::npos) << text;
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
@@ -63,6 +67,7 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_EQ(t->ids, 3u);
   EXPECT_EQ(t->events[6].bytes, std::size_t{300} << 20);
   EXPECT_EQ(t->peak_requested, (std::size_t{300} << 20) + 110);
+  EXPECT_EQ(t->device_full, std::size_t{78} << 30);
 }
 
 TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
