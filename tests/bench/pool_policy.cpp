@@ -162,7 +162,7 @@ int replay(const std::string& path) {
         }
         const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
-               "(host %llu) released %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
+               "(host %llu) released %llu syncs %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
                "(%.2f on the device) of %.2f GB held\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
@@ -171,7 +171,8 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),
-             static_cast<unsigned long long>(accounts.releases - step_accounts.releases), double(held.host) / 1e9,
+             static_cast<unsigned long long>(accounts.releases - step_accounts.releases),
+             static_cast<unsigned long long>(accounts.syncs - step_accounts.syncs), double(held.host) / 1e9,
              double(held.peer) / 1e9, double(cached) / 1e9, double(cached - cached_spilled) / 1e9,
              double(pool.figures(0).reserved) / 1e9);
       }
