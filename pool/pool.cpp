@@ -76,9 +76,10 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   const Uses::Request use = uses_.request(a.device, a.size);
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
   // Whether the GPU ran out of work while the pool made a range: the time
-  // was then the step's, not hidden behind queued kernels.
+  // was then the step's, not hidden behind queued kernels. Never while a
+  // stream capture runs: querying a stream would invalidate it.
   auto busy = [&] { return driver_.cuStreamQuery(reinterpret_cast<CUstream>(stream)) == CUDA_ERROR_NOT_READY; };
-  const bool busy_before = trace_ && busy();
+  const bool busy_before = trace_ && !quiet() && busy();
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {

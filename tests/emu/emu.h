@@ -81,6 +81,8 @@ struct Stream {
   int priority = 0;
   cuuint64_t capture = 0;    // the capture under way on it; 0: none
   CUgraph graph = nullptr;   // what that capture records into
+  bool global = false;       // that capture's mode is CU_STREAM_CAPTURE_MODE_GLOBAL
+  bool invalidated = false;  // that capture met a call it does not allow
 };
 
 struct Event {

@@ -14,7 +14,7 @@ std::set<Graph*> graphs;  // under the state mutex
 std::set<Exec*> execs;
 cuuint64_t captures_begun = 0;
 
-CUresult begin(CUstream stream, CUgraph into, const char* caller) {
+CUresult begin(CUstream stream, CUgraph into, CUstreamCaptureMode mode, const char* caller) {
   if (CUresult r = context_check(caller)) return r;
   std::lock_guard lock(state().mutex);
   if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
@@ -25,6 +25,7 @@ CUresult begin(CUstream stream, CUgraph into, const char* caller) {
   Graph* g = into ? reinterpret_cast<Graph*>(into) : *graphs.insert(new Graph).first;
   s->capture = ++captures_begun;
   s->graph = reinterpret_cast<CUgraph>(g);
+  s->global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
   return CUDA_SUCCESS;
 }
 
@@ -52,14 +53,13 @@ CUresult destroy(std::set<T*>& live, Handle handle) {
 using namespace emu;
 
 EMU_API CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
-  (void)mode;
-  return begin(stream, nullptr, __func__);
+  return begin(stream, nullptr, mode, __func__);
 }
 
 EMU_API CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* deps,
                                              const CUgraphEdgeData* edges, size_t count, CUstreamCaptureMode mode) {
-  (void)deps, (void)edges, (void)count, (void)mode;
-  return begin(stream, graph, __func__);
+  (void)deps, (void)edges, (void)count;
+  return begin(stream, graph, mode, __func__);
 }
 
 EMU_API CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
@@ -69,10 +69,12 @@ EMU_API CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
   auto* s = capturable(stream) ? reinterpret_cast<Stream*>(stream) : nullptr;
   if (!s || !s->capture) return CUDA_ERROR_ILLEGAL_STATE;
-  *graph = s->graph;
+  *graph = s->invalidated ? nullptr : s->graph;
+  const bool invalidated = s->invalidated;
   s->capture = 0;
   s->graph = nullptr;
-  return CUDA_SUCCESS;
+  s->invalidated = false;
+  return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {

@@ -73,7 +73,17 @@ EMU_API CUresult cuStreamSynchronize(CUstream stream) {
 
 EMU_API CUresult cuStreamQuery(CUstream stream) {
   std::lock_guard lock(state().mutex);
-  return stream_check(stream, __func__);
+  if (CUresult r = stream_check(stream, __func__)) return r;
+  // As the driver: no stream may be queried while a capture in the global
+  // mode runs (nor the capturing one in any mode), and the capture is lost.
+  CUresult status = CUDA_SUCCESS;
+  for (Stream* s : state().streams) {
+    if (s->capture && (s->global || s == reinterpret_cast<Stream*>(stream))) {
+      s->invalidated = true;
+      status = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  return status;
 }
 
 EMU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {

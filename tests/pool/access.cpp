@@ -89,6 +89,7 @@ class Place : public Access {
   Place() { two_allocations_ = false; }
 };
 using Repeat = Place;  // a process of its own: its steps start the trial afresh
+using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
 
 // Two addresses in the spilled range count it once; the device range adds a
@@ -219,6 +220,30 @@ TEST_F(Untracked, LaunchesAreNotLookedAt) {
 
 // Launches are counted once the pool holds track_from (75%) of the device's
 // memory; before, they are not looked at.
+// Writing a trace, the pool asks whether an allocation's stream still has
+// work; never while a capture runs: in the global mode the driver then loses
+// the capture, whatever stream was asked about.
+TEST_F(Traced, AllocationsBesideACaptureLeaveItWhole) {
+  CUstream captured = nullptr, other = nullptr;
+  ASSERT_EQ(cuStreamCreate(&captured, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr before = 0, beside = 0;
+  ASSERT_EQ(cuMemAllocAsync(&before, 4 * mib, other), CUDA_SUCCESS);  // no capture: the stream is asked
+  ASSERT_EQ(cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAllocAsync(&beside, 8 * mib, other), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFreeAsync(beside, other), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  EXPECT_EQ(cuStreamEndCapture(captured, &graph), CUDA_SUCCESS);
+  EXPECT_NE(graph, nullptr);
+  if (graph) {
+    EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(cuMemFreeAsync(before, other), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(other), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(captured), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(other), CUDA_SUCCESS);
+}
+
 TEST_F(Lazy, LaunchesCountOnceThePoolHoldsMostOfTheDevice) {
   CUdeviceptr small = 0, large = 0;
   ASSERT_EQ(cuMemAlloc_v2(&small, 8 * mib), CUDA_SUCCESS);
@@ -326,10 +351,12 @@ int main(int argc, char** argv) {
   gmem_test::stats_dir = dir;
   std::string conf = std::string(getenv("GMEM_TEST_CONF") ? getenv("GMEM_TEST_CONF") : "pool:vmm") +
                      ",stats_dir:" + gmem_test::stats_dir;
+  if (getenv("GMEM_TEST_TRACE")) conf += ",trace:" + gmem_test::stats_dir + "/pool.trace";
   setenv("GMEM_CONF", conf.c_str(), 1);
   // Runs after the shim's own exit handler (registered later, at the first
   // CUDA call), which must have removed the stats file.
   atexit([] {
+    std::remove((gmem_test::stats_dir + "/pool.trace").c_str());
     if (rmdir(gmem_test::stats_dir.c_str()) != 0) {
       fprintf(stderr, "pool-access: the stats file was not removed at exit\n");
       _exit(1);
