@@ -83,7 +83,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (tiers_->spilled(a.device)) {
-    if (trace_) {
+    if (trace_ && !trace_->device_full_said()) {
       const Split held = tiers_->held(a.device);
       trace_->device_full(vmm_->figures(a.device).reserved - held.host - held.peer);
     }

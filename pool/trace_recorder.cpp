@@ -90,6 +90,11 @@ void TraceRecorder::device_full(std::size_t device_bytes) {
   std::fflush(out_);
 }
 
+bool TraceRecorder::device_full_said() {
+  std::lock_guard lock(mutex_);
+  return device_full_;
+}
+
 void TraceRecorder::freed(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = ids_.find(base);

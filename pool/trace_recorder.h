@@ -45,8 +45,9 @@ class TraceRecorder {
   void freed(CUdeviceptr base);
   // The device first spilled, the pool then holding `device_bytes` of its
   // memory: a comment line, written once, from which a replay takes the
-  // device's size (pool-policy).
+  // device's size (pool-policy). `device_full_said`: whether it was written.
   void device_full(std::size_t device_bytes);
+  bool device_full_said();
 
  private:
   TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid) {}

@@ -66,12 +66,13 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s\n", error.c_str());
     return 1;
   }
-  // The device's size: as given; else as large as the pool had it when the
-  // device filled, where gmem's trace says so (the pool keeps a reserve of an
-  // 80th of the device free); else 80 GiB.
+  // The pool keeps a reserve of the device free, as on the H100 (1 GiB of 80).
+  constexpr double device_reserve = 1.0 / 80;
+  // The device's size: as given; else as large as leaves the pool what it had
+  // when the device filled, where gmem's trace says so; else 80 GiB.
   std::size_t total = device_memory;
   if (!total && trace->device_full) {
-    total = trace->device_full + trace->device_full / 79;
+    total = std::size_t(double(trace->device_full) / (1 - device_reserve));
     printf("pool-policy: %s: device memory %zu bytes, the pool's %llu when the device filled\n", path.c_str(), total,
            static_cast<unsigned long long>(trace->device_full));
   }
@@ -83,7 +84,7 @@ int replay(const std::string& path) {
   budgets.host = gmem::pool::Amount::of_bytes(host_memory);
   budgets.host_prepare = gmem::pool::Amount::of_bytes(0);
   budgets.host_chunk = gmem::pool::Amount::of_bytes(host_chunk);
-  budgets.device_reserve = gmem::pool::Amount::of_share(1.0 / 80);  // 1 GiB of an 80 GiB device, as on the H100
+  budgets.device_reserve = gmem::pool::Amount::of_share(device_reserve);
   std::optional<gmem::pool::Tiers> tiers;
   if (host_memory || peer_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
   gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);

@@ -69,8 +69,8 @@ EMU_API CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
   auto* s = capturable(stream) ? reinterpret_cast<Stream*>(stream) : nullptr;
   if (!s || !s->capture) return CUDA_ERROR_ILLEGAL_STATE;
-  *graph = s->invalidated ? nullptr : s->graph;
   const bool invalidated = s->invalidated;
+  *graph = invalidated ? nullptr : s->graph;
   s->capture = 0;
   s->graph = nullptr;
   s->invalidated = false;

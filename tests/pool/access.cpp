@@ -218,8 +218,6 @@ TEST_F(Untracked, LaunchesAreNotLookedAt) {
   EXPECT_EQ(figures().host, 0u);
 }
 
-// Launches are counted once the pool holds track_from (75%) of the device's
-// memory; before, they are not looked at.
 // Writing a trace, the pool asks whether an allocation's stream still has
 // work; never while a capture runs: in the global mode the driver then loses
 // the capture, whatever stream was asked about.
@@ -244,6 +242,8 @@ TEST_F(Traced, AllocationsBesideACaptureLeaveItWhole) {
   EXPECT_EQ(cuStreamDestroy_v2(other), CUDA_SUCCESS);
 }
 
+// Launches are counted once the pool holds track_from (75%) of the device's
+// memory; before, they are not looked at.
 TEST_F(Lazy, LaunchesCountOnceThePoolHoldsMostOfTheDevice) {
   CUdeviceptr small = 0, large = 0;
   ASSERT_EQ(cuMemAlloc_v2(&small, 8 * mib), CUDA_SUCCESS);
