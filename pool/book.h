@@ -28,9 +28,6 @@ struct Work {
   uint64_t driver_ns = 0;         // time in the driver's VMM calls
   // Of it, mapping new ranges; and the mappings of a range that took over 10 ms.
   uint64_t map_ns = 0, slow_maps = 0, slow_map_ns = 0;
-  // Ranges with much host memory mapped once the device's queued work was
-  // done (pool/ranges.h), and the time waited for it (not driver_ns).
-  uint64_t drains = 0, drain_ns = 0;
   uint64_t moved_back_bytes = 0;  // live allocations' spilled bytes moved back to the device
   // Live allocations' bytes the evictor moved off the device and back while
   // the program ran (pool/evictor.h).

@@ -52,22 +52,9 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   auto range = std::make_unique<Range>();
   range->device = device;
   range->id = ++made_;
-  std::size_t total = 0, host = 0, peer = 0;
-  for (const Piece* p : pieces) {
-    total += p->memory.size();
-    if (p->spilled) (p->memory.location().kind == vmm::Location::Kind::device ? peer : host) += p->memory.size();
-  }
+  std::size_t total = 0;
+  for (Piece* p : pieces) total += p->memory.size();
   Work& work = books_[device].work;
-  // Giving the device access to host memory costs about 12 ms a GB while the
-  // GPU is idle and up to 320 ms while its kernels read host memory
-  // (docs/eviction.md), and the program waits in the allocation either way:
-  // a range with much host memory is mapped once the device's queued work is
-  // done. Not while a capture runs (a synchronization would lose it).
-  if (host >= drain_from && !order_.quiet()) {
-    Timer timer(work.drain_ns);
-    ++work.drains;
-    driver_.cuCtxSynchronize();
-  }
   CUresult status;
   std::size_t offset = 0;
   {
@@ -107,7 +94,13 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   if (pieces.size() > 1) books_.publish(device, GMEM_STAT_stitched_ranges, 1);
   range->pieces = std::move(pieces);
   *out = range.get();
-  if (access_) access_->add(range->va.base(), total, device, host, peer);
+  if (access_) {
+    std::size_t host = 0, peer = 0;
+    for (const Piece* p : range->pieces) {
+      if (p->spilled) (p->memory.location().kind == vmm::Location::Kind::device ? peer : host) += p->memory.size();
+    }
+    access_->add(range->va.base(), total, device, host, peer);
+  }
   ranges_.emplace(range->va.base(), std::move(range));
   return CUDA_SUCCESS;
 }

@@ -131,9 +131,6 @@ class Ranges {
  private:
   // A range whose mapping takes longer is counted apart (Work::slow_maps).
   static constexpr uint64_t slow_map_ns = 10'000'000;
-  // A range with this much host memory or more is mapped on a drained device
-  // (Work::drains).
-  static constexpr std::size_t drain_from = std::size_t{256} << 20;
 
   // Out of the cache, its chunks held.
   Range* take(CachedRanges& cached, CachedRanges::iterator entry);

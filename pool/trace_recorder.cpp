@@ -75,10 +75,9 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
   const uint32_t number = stream_number(stream);
   std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
   if (made) {
-    std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host%s", static_cast<unsigned long long>(made->maps),
-                 double(made->map_ns) / 1e6, made->host, made->drained ? "; its stream ran out of work meanwhile" : "");
-    if (made->drain_ns) std::fprintf(out_, "; the device's work done first, in %.1f ms", double(made->drain_ns) / 1e6);
-    std::fputc('\n', out_);
+    std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host%s\n",
+                 static_cast<unsigned long long>(made->maps), double(made->map_ns) / 1e6, made->host,
+                 made->drained ? "; its stream ran out of work meanwhile" : "");
   }
   std::fflush(out_);
 }

@@ -38,7 +38,6 @@ class TraceRecorder {
     uint64_t maps = 0, map_ns = 0;
     std::size_t host = 0;
     bool drained = false;  // the allocation's stream had work before and none after
-    uint64_t drain_ns = 0;  // waited for the device's work before mapping (pool/ranges.h)
   };
   void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
                  const Made* made = nullptr);

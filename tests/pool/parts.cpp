@@ -6,8 +6,6 @@
 #include "accounting_driver.h"
 #include "pool/slabs.h"
 #include "pool/stitcher.h"
-#include "pool/tiers.h"
-#include "pool/vmm_pool.h"
 
 namespace gmem::pool {
 namespace {
@@ -224,41 +222,6 @@ TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
   EXPECT_EQ(reclaims, 1);
   EXPECT_TRUE(books[0].full);
   EXPECT_EQ(books[0].figures.reserved, 48 * MiB);
-}
-
-// A range with 256 MiB of host memory or more is mapped once the device's
-// queued work is done (giving the device access to host memory is slow while
-// kernels read host memory); one with less, or any while a capture runs, at once.
-TEST(Drain, ARangeWithMuchHostMemoryIsMappedOnceTheDevicesWorkIsDone) {
-  accounting::reset(std::size_t{1} << 30);
-  const vmm::Driver driver = accounting::driver();
-  Budgets budgets;
-  budgets.peer = Amount::of_bytes(0);
-  budgets.host = Amount::of_bytes(std::size_t{4} << 30);
-  budgets.host_prepare = Amount::of_bytes(0);
-  budgets.host_chunk = Amount::of_bytes(64 * MiB);
-  budgets.device_reserve = Amount::of_bytes(0);
-  Tiers tiers(driver, budgets, nullptr, std::size_t{4} << 30);
-  VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
-  auto alloc = [&](std::size_t size, bool quiet) {
-    Block block;
-    EXPECT_EQ(pool.alloc(&block, size, 0, nullptr, 1, quiet), CUDA_SUCCESS);
-    return tiers.split(block.base, block.size).host;
-  };
-  EXPECT_EQ(alloc(std::size_t{1} << 30, false), 0u);  // the whole device
-  // Each spill finds the device full first, and the pool then waits for its
-  // pending frees (a synchronization) before taking host memory.
-  uint64_t syncs = accounting::accounts.syncs;
-  EXPECT_EQ(alloc(100 * MiB, false), 100 * MiB);
-  const uint64_t spill_syncs = accounting::accounts.syncs - syncs;
-  EXPECT_EQ(pool.work(0).drains, 0u);
-  syncs = accounting::accounts.syncs;
-  EXPECT_EQ(alloc(300 * MiB, true), 300 * MiB);
-  EXPECT_EQ(pool.work(0).drains, 0u);
-  EXPECT_EQ(accounting::accounts.syncs, syncs);
-  EXPECT_EQ(alloc(300 * MiB, false), 300 * MiB);
-  EXPECT_EQ(pool.work(0).drains, 1u);
-  EXPECT_EQ(accounting::accounts.syncs, syncs + spill_syncs + 1);
 }
 
 }  // namespace
