@@ -69,6 +69,7 @@ class Pieces {
   // what each chunk did since (a chunk free since before a range's hand-out
   // has `freed_at` below it).
   uint64_t hand_out() { return ++handed_out_; }
+  uint64_t handed_out() const { return handed_out_; }
 
   FreePieces& free(int device) { return devices_[device].free; }
   std::list<Piece>& all(int device) { return devices_[device].pieces; }

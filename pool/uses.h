@@ -42,24 +42,9 @@
 
 #include "pool/access.h"
 #include "pool/book.h"
+#include "pool/step_ends.h"
 
 namespace gmem::pool {
-
-// Where a job's steps end: its use comes within a 64th of its peak after
-// falling below half of it since the last end.
-class StepEnds {
- public:
-  // The use is now `used`, its peak `peak`: true where a step ends.
-  bool ended(std::size_t used, std::size_t peak) {
-    if (used < peak / 2) armed_ = true;
-    if (!armed_ || used + peak / 64 < peak) return false;
-    armed_ = false;
-    return true;
-  }
-
- private:
-  bool armed_ = false;  // use fell below half the peak since the last end
-};
 
 class Uses {
  public:

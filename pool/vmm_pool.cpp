@@ -3,6 +3,7 @@
 #include "pool/vmm_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace gmem::pool {
 
@@ -94,6 +95,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   range->blocks[index] = *out;
   b.add_used(out->physical);
+  end_step(device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
     access_->start_counting();
@@ -102,6 +104,28 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
   if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled();
   return CUDA_SUCCESS;
+}
+
+void VmmPool::end_step(int device) {
+  if (!tiers_ || !tiers_->spilled(device)) return;
+  Book& b = books_[device];
+  Steps& steps = steps_[device];
+  if (b.figures.used > steps.peak_used) {
+    steps.peak_used = b.figures.used;
+    steps.peak_reserved = b.figures.reserved;
+  }
+  if (!steps.ends.ended(b.figures.used, b.peak_used)) return;
+  b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
+  b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
+  if (b.work.misses == steps.misses) {
+    std::vector<Piece*> idle;
+    for (const auto& [key, piece] : pieces_.free(device)) {
+      if (piece->spilled && piece->freed_at < steps.began && ranges_.droppable(*piece, false)) idle.push_back(piece);
+    }
+    for (Piece* p : idle) ranges_.drop(*p);
+  }
+  steps.began = pieces_.handed_out();
+  steps.misses = b.work.misses;
 }
 
 std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {

@@ -17,6 +17,7 @@
 #include "pool/book.h"
 #include "pool/publisher.h"
 #include "pool/slabs.h"
+#include "pool/step_ends.h"
 #include "pool/stitcher.h"
 #include "pool/stream_order.h"
 #include "pool/tiers.h"
@@ -227,6 +228,13 @@ class VmmPool {
   // for the next spill: giving them back frees none of the device's memory).
   void trim_locked(int device, std::size_t keep, bool spilled_too);
   void publish_free_figures(int device);
+  // After each allocation while `device` spills: the step's peak of use is
+  // noted, and at the end of a step (pool/step_ends.h) that made no range
+  // (the job's steps have settled on the ranges they have), the spilled free
+  // chunks that no range took all through it go back, with the cached ranges
+  // they are mapped in: what a range made again or a phase of the job left
+  // behind, pinned host memory no request of a settled job takes.
+  void end_step(int device);
   // Dedup: the live whole-range allocation at `base`, or null; what its
   // addresses map (shared chunks, else its pieces); `chunks` mapped over all
   // of `range` (on failure, nothing); its pieces freed and, once nothing may
@@ -263,6 +271,13 @@ class VmmPool {
   Slabs slabs_;
   Stitcher stitcher_;
   PerDevice<Recall> recall_;
+  struct Steps {
+    StepEnds ends;
+    uint64_t began = 0;   // Pieces::handed_out at the last end
+    uint64_t misses = 0;  // Work::misses then
+    std::size_t peak_used = 0, peak_reserved = 0;  // of the step under way
+  };
+  PerDevice<Steps> steps_;
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };
 

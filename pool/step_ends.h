@@ -1,0 +1,26 @@
+// Where a job's steps end, from the pool's use alone (pool/uses.h times the
+// plan's trial by them; pool/vmm_pool.h gives back what a settled job no
+// longer uses at them).
+#pragma once
+
+#include <cstddef>
+
+namespace gmem::pool {
+
+// A step ends where the use comes within a 64th of its peak after falling
+// below half of it since the last end.
+class StepEnds {
+ public:
+  // The use is now `used`, its peak `peak`: true where a step ends.
+  bool ended(std::size_t used, std::size_t peak) {
+    if (used < peak / 2) armed_ = true;
+    if (!armed_ || used + peak / 64 < peak) return false;
+    armed_ = false;
+    return true;
+  }
+
+ private:
+  bool armed_ = false;  // use fell below half the peak since the last end
+};
+
+}  // namespace gmem::pool
