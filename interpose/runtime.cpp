@@ -104,7 +104,8 @@ void start_host_lease(Runtime& rt) {
       {[lease](vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer) {
          return lease->take(where, size, out, observer);
        },
-       [lease](std::size_t size) { return lease->lendable(size); }});
+       [lease](std::size_t size) { return lease->lendable(size); },
+       [lease](CUmemGenericAllocationHandle handle) { lease->give_back(handle); }});
 }
 
 // The VMM pool's requests go to an allocation trace; a file that cannot be

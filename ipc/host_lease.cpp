@@ -34,7 +34,9 @@ bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm
   if (!fds_.empty() && !(fds_where_ == where)) return false;
   if (fds_.empty() && !ask(where, size)) return false;
   const int fd = fds_.back();
+  const uint32_t unit = fd_units_.back();
   fds_.pop_back();
+  fd_units_.pop_back();
   const CUresult status = vmm::Chunk::import(driver_, fd, size, out, where, observer);
   close(fd);
   if (status != CUDA_SUCCESS) {
@@ -43,9 +45,30 @@ bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm
     off_ = true;
     return false;
   }
+  imported_[out->handle()] = unit;
   borrowed_.fetch_add(size, std::memory_order_relaxed);
   units_.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+void HostLease::give_back(CUmemGenericAllocationHandle handle) {
+  std::lock_guard lock(mutex_);
+  auto it = imported_.find(handle);
+  if (it == imported_.end()) return;
+  host_pool::Request r;
+  r.op = host_pool::Op::give_back;
+  r.count = 1;
+  r.units[0] = it->second;
+  imported_.erase(it);
+  // A forked child's units are its parent's; without the connection they
+  // are gmemd's again already.
+  if (socket_ < 0 || pid_ != getpid()) return;
+  if (!fds::send(socket_, &r, sizeof r, {})) {
+    close(socket_);  // what it lent is gmemd's again
+    socket_ = -1;
+    return;
+  }
+  returned_.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds) {
@@ -112,6 +135,7 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
     return false;
   }
   fds_ = std::move(received);
+  fd_units_.assign(g.units, g.units + fds_.size());
   fds_where_ = where;
   return true;
 }
@@ -120,7 +144,7 @@ std::string HostLease::report() const {
   const std::size_t units = units_.load(std::memory_order_relaxed);
   if (units == 0) return {};
   return "gmem: report host-pool borrowed=" + std::to_string(borrowed_bytes()) + " units=" + std::to_string(units) +
-         "\n";
+         " returned=" + std::to_string(returned_.load(std::memory_order_relaxed)) + "\n";
 }
 
 }  // namespace gmem::ipc

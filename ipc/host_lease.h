@@ -1,9 +1,10 @@
 // The job's side of gmemd's host pool (ipc/host_pool.h): host chunks pinned
 // ahead by gmemd, borrowed when the job's tiers would pin one themselves
 // (pool::Tiers::lease_host). Connects at the first need and keeps the
-// connection for the process's life: the units come back to gmemd when it
-// closes, at exit. Without gmemd, or when its pool has other units or none
-// left, the job pins as it would without it.
+// connection for the process's life: a unit goes back to gmemd once the job
+// releases it (mapped nowhere), the rest when the connection closes, at
+// exit. Without gmemd, or when its pool has other units or none left, the
+// job pins as it would without it.
 #pragma once
 
 #include <sys/types.h>
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ipc/host_pool.h"
@@ -35,8 +37,13 @@ class HostLease {
   // Bytes gmemd's pool could lend now in units of `size` (0 without gmemd).
   std::size_t lendable(std::size_t size);
 
+  // The chunk `handle` (one `take` imported, if it is) is released and
+  // mapped nowhere: its unit goes back to gmemd for other jobs.
+  void give_back(CUmemGenericAllocationHandle handle);
+
   std::size_t borrowed_bytes() const { return borrowed_.load(std::memory_order_relaxed); }
-  // "gmem: report host-pool borrowed=BYTES units=N", or nothing if none was.
+  // "gmem: report host-pool borrowed=BYTES units=N returned=M" (units given
+  // back before exit), or nothing if none was borrowed.
   std::string report() const;
 
  private:
@@ -56,8 +63,10 @@ class HostLease {
   std::size_t pool_unit_ = 0;  // the size gmemd lends (0: not known yet)
   std::chrono::steady_clock::time_point next_ask_{};
   std::vector<int> fds_;  // lent, not yet imported: units of pool_unit_ at fds_where_
+  std::vector<uint32_t> fd_units_;  // theirs, as gmemd numbers them
   vmm::Location fds_where_;
-  std::atomic<std::size_t> borrowed_{0}, units_{0};
+  std::unordered_map<CUmemGenericAllocationHandle, uint32_t> imported_;  // chunk -> its unit
+  std::atomic<std::size_t> borrowed_{0}, units_{0}, returned_{0};
 };
 
 }  // namespace gmem::ipc

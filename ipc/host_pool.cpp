@@ -156,6 +156,18 @@ void Server::accept_one() {
 
 bool Server::answer(int fd, const Request& r) {
   if (r.magic != magic || r.version != version) return false;
+  if (r.op == Op::give_back) {
+    std::lock_guard lock(mutex_);
+    std::vector<std::size_t>& held = lent_[fd];
+    for (uint32_t i = 0; i < std::min<uint32_t>(r.count, fds::max_per_message); ++i) {
+      auto it = std::find(held.begin(), held.end(), std::size_t{r.units[i]});
+      if (it == held.end()) continue;  // not lent to this job: nothing to give back
+      held.erase(it);
+      free_.push_back(r.units[i]);
+    }
+    return true;
+  }
+  if (r.op != Op::lend) return false;
   Grant g;
   g.unit = settings_.unit;
   std::vector<int> exported;
@@ -174,6 +186,7 @@ bool Server::answer(int fd, const Request& r) {
       for (std::size_t i = 0; i < n; ++i) {
         int unit_fd = -1;
         if (units_[free_.front()].export_fd(&unit_fd) != CUDA_SUCCESS) break;
+        g.units[exported.size()] = static_cast<uint32_t>(free_.front());
         exported.push_back(unit_fd);
         held.push_back(free_.front());
         free_.erase(free_.begin());

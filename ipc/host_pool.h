@@ -9,10 +9,11 @@
 // many as it has free, up to what was asked (at most fds::max_per_message),
 // and how much it has left. Asking for none asks only how much is free (the
 // location is not looked at): a job counts that as host memory available.
-// What a job was lent stays its own until its connection closes (at its exit,
-// whatever the cause), then serves the next job: a lent unit is never given to
-// two connections at once. Only processes of gmemd's own user are served (root's
-// gmemd serves root only): a unit holds the bytes its last job left in it.
+// What a job was lent stays its own until it gives it back (once it no longer
+// maps it) or its connection closes (at its exit, whatever the cause), then
+// serves the next job: a lent unit is never given to two connections at
+// once. Only processes of gmemd's own user are served (root's gmemd serves
+// root only): a unit holds the bytes its last job left in it.
 #pragma once
 
 #include <cstddef>
@@ -32,16 +33,23 @@
 namespace gmem::ipc::host_pool {
 
 constexpr uint32_t magic = 0x50484447;  // "GDHP"
-constexpr uint16_t version = 1;
+constexpr uint16_t version = 2;
+
+// What a job asks.
+enum class Op : uint8_t {
+  lend = 0,       // `count` units (none: only how much is free)
+  give_back = 1,  // the `count` units named in `units`, which it maps no more (not answered)
+};
 
 struct Request {
   uint32_t magic = host_pool::magic;
   uint16_t version = host_pool::version;
   uint8_t kind = 0;         // vmm::Location::Kind of the host memory wanted
-  uint8_t reserved = 0;
+  Op op = Op::lend;
   int32_t location_id = 0;  // its NUMA node
-  uint32_t count = 0;       // units wanted
+  uint32_t count = 0;       // units wanted, or given back
   uint64_t unit = 0;        // bytes per unit (the job's host_chunk)
+  uint32_t units[fds::max_per_message] = {};  // given back: the units, as lent
 };
 
 enum class Refusal : uint16_t {
@@ -58,6 +66,7 @@ struct Grant {
   uint32_t reserved = 0;
   uint64_t unit = 0;   // the pool's unit
   uint64_t free = 0;   // bytes the pool has left to lend after this
+  uint32_t units[fds::max_per_message] = {};  // the units lent, one per fd in order (to give back by)
 };
 
 // $XDG_RUNTIME_DIR/gmem/host-pool.sock (/run/gmem/host-pool.sock for root,

@@ -347,12 +347,23 @@ void Tiers::publish(int device) {
 }
 
 void Tiers::released(const vmm::Chunk& chunk) {
-  std::lock_guard lock(mutex_);
+  bool give_back = false;
+  {
+    std::lock_guard lock(mutex_);
+    give_back = forget(chunk);
+  }
+  // A host chunk mapped nowhere goes back where it came from (gmemd's pool
+  // lends it to the next job); outside the lock, as a lease is taken.
+  if (give_back && lease_.give_back) lease_.give_back(chunk.handle());
+}
+
+bool Tiers::forget(const vmm::Chunk& chunk) {
   auto it = held_.find(chunk.handle());
-  if (it == held_.end()) return;
+  if (it == held_.end()) return false;
   const Held h = it->second;
   held_.erase(it);
-  std::erase_if(mapped_, [&](const auto& entry) { return entry.second.handle == chunk.handle(); });
+  const bool mapped = std::erase_if(mapped_, [&](const auto& entry) { return entry.second.handle == chunk.handle(); });
+  const bool give_back = h.host && !mapped;
   if (h.host) {
     host_held_ -= h.size;
   } else {
@@ -361,7 +372,7 @@ void Tiers::released(const vmm::Chunk& chunk) {
   if (h.device < 0) {  // prepared, never used
     prepared_ -= h.size;
     publish_prepared(preparer_device_);
-    return;
+    return give_back;
   }
   DeviceInfo& d = devices_[h.device];
   (h.host ? d.spilled.host : d.spilled.peer) -= h.size;
@@ -369,6 +380,7 @@ void Tiers::released(const vmm::Chunk& chunk) {
     spilled_devices_.fetch_and(~(1u << h.device), std::memory_order_relaxed);
   }
   publish(h.device);
+  return give_back;
 }
 
 void Tiers::mapped(const vmm::Chunk& chunk, CUdeviceptr at) {

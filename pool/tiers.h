@@ -99,6 +99,8 @@ class Tiers final : public vmm::ChunkObserver {
     // What it could lend now in chunks of `size`: host memory for the host
     // budget besides MemAvailable (memory pinned elsewhere is not in it).
     std::function<std::size_t(std::size_t size)> lendable;
+    // A host chunk released and mapped nowhere (whether or not `take` gave it).
+    std::function<void(CUmemGenericAllocationHandle handle)> give_back;
   };
   void lease_host(Lease lease) { lease_ = std::move(lease); }
 
@@ -137,6 +139,9 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_budget_locked();
   std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }
   void publish(int device);
+  // `chunk` is released: out of the tiers' accounts (under mutex_). True for
+  // a host chunk mapped nowhere.
+  bool forget(const vmm::Chunk& chunk);
   void publish_prepared(int device);  // under mutex_
   // Host chunks will likely be wanted for `device`: the preparer (started if
   // need be) keeps host_prepare of them ready; under mutex_.

@@ -4,8 +4,10 @@
  * with the allocation's bounds, and asks the real driver (GMEM_REAL_LIBCUDA,
  * opened past the shim) where each 2 MiB of it lives. Prints the copy-engine
  * bandwidth from its host-spilled part next to the same copy from host-NUMA
- * memory the program maps itself (BENCH lines). Exit 0 on success.
- *   spill FILL_MIB BLOCK_MIB SPAN_MIB */
+ * memory the program maps itself (BENCH lines). With `trim`, once all is
+ * freed, trims device 0's default memory pool to nothing (gmem then gives its
+ * spilled chunks back too). Exit 0 on success.
+ *   spill FILL_MIB BLOCK_MIB SPAN_MIB [trim] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +33,9 @@ static double copy_rate(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: spill FILL_MIB BLOCK_MIB SPAN_MIB\n");
+  const int trim = argc == 5 && strcmp(argv[4], "trim") == 0;
+  if (argc != 4 && !trim) {
+    fprintf(stderr, "usage: spill FILL_MIB BLOCK_MIB SPAN_MIB [trim]\n");
     return 2;
   }
   size_t fill, block, span;
@@ -110,6 +113,12 @@ int main(int argc, char** argv) {
   }
   CHECK(cuMemFree(big));
   for (int i = 0; i < n; ++i) CHECK(cuMemFree(blocks[i]));
+  if (trim) {
+    CUmemoryPool pool;
+    CHECK(cuDeviceGetDefaultMemPool(&pool, dev));
+    CHECK(cuMemPoolTrimTo(pool, 0));
+    printf("trimmed\n");
+  }
   printf("spill ok\n");
   return 0;
 }

@@ -56,11 +56,21 @@ class HostPool : public Gmemd {
     gmem::fds::close_all(fds);
     return g;
   }
+  // Gives `unit` back on `socket` (no answer comes).
+  static void give_back(int socket, uint32_t unit) {
+    hp::Request r;
+    r.op = hp::Op::give_back;
+    r.count = 1;
+    r.units[0] = unit;
+    EXPECT_TRUE(gmem::fds::send(socket, &r, sizeof r, {}));
+  }
   // The spill program under the shim on a 96 MiB emulated device: 40 MiB
   // filled within a 48 MiB budget, then an allocation of `span` MiB of which
   // all but 8 MiB spill to the host, in host_chunk units.
-  Finished spill(const std::string& host_chunk, const std::string& span = "40") {
-    return run_command({GMEM_SPILL, "40", "8", span},
+  Finished spill(const std::string& host_chunk, const std::string& span = "40", bool trim = false) {
+    std::vector<std::string> command{GMEM_SPILL, "40", "8", span};
+    if (trim) command.push_back("trim");
+    return run_command(command,
                        {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_DEVICE_MEMORY=96M",
                         "GMEM_CONF=pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:0,host_budget:256M,"
                         "host_prepare:0,stats:0,host_chunk:" + host_chunk + ",host_pool_socket:" + pool_socket_});
@@ -89,6 +99,29 @@ TEST_F(HostPool, LendsEachUnitToOneConnectionUntilItCloses) {
   close(b);
 }
 
+TEST_F(HostPool, AUnitGivenBackServesTheNextJobAtOnce) {
+  start_pool("32M");
+  int a = gmem::fds::connect_to(pool_socket_), b = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  const hp::Grant lent = ask(a, 2);
+  ASSERT_EQ(lent.count, 2u);
+  EXPECT_NE(lent.units[0], lent.units[1]);
+  EXPECT_EQ(ask(b, 1).count, 0u);
+  // B cannot give back what A holds; A gives one back, unanswered.
+  give_back(b, lent.units[0]);
+  EXPECT_EQ(ask(b, 1).count, 0u);
+  give_back(a, lent.units[1]);
+  const hp::Grant again = ask(b, 1);
+  ASSERT_EQ(again.count, 1u);
+  EXPECT_EQ(again.units[0], lent.units[1]);
+  // A still holds the other until it closes.
+  EXPECT_EQ(ask(b, 1).count, 0u);
+  close(a);
+  EXPECT_TRUE(eventually([&] { return ask(b, 1).count == 1; }));
+  close(b);
+}
+
 TEST_F(HostPool, JobsSpillIntoUnitsPinnedBeforeTheyStartedAndGiveThemBackAtExit) {
   start_pool("32M");
   // Both units, twice: the first job's came back when it exited.
@@ -97,8 +130,18 @@ TEST_F(HostPool, JobsSpillIntoUnitsPinnedBeforeTheyStartedAndGiveThemBackAtExit)
     EXPECT_EQ(run.status, 0) << run.out << run.err;
     EXPECT_NE(run.out.find("on device 8 MiB, peer 0 MiB, host 32 MiB"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
-    EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2\n"), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
+        << run.err;
   }
+}
+
+TEST_F(HostPool, AJobGivesBackTheUnitsItReleasesBeforeItExits) {
+  start_pool("32M");
+  Finished run = spill("16M", "40", true);
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("trimmed\nspill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=2\n"), std::string::npos)
+      << run.err;
 }
 
 TEST_F(HostPool, AJobBorrowsAsManyUnitsAsItSpillsBeforePinningAny) {
@@ -108,7 +151,8 @@ TEST_F(HostPool, AJobBorrowsAsManyUnitsAsItSpillsBeforePinningAny) {
   EXPECT_EQ(run.status, 0) << run.out << run.err;
   EXPECT_NE(run.out.find("on device 8 MiB, peer 0 MiB, host 40 MiB"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
-  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=41943040 units=20\n"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=41943040 units=20 returned=0\n"), std::string::npos)
+      << run.err;
 }
 
 TEST_F(HostPool, ASpillSmallerThanAUnitFirstDoesNotKeepTheJobFromBorrowing) {
@@ -122,7 +166,8 @@ TEST_F(HostPool, ASpillSmallerThanAUnitFirstDoesNotKeepTheJobFromBorrowing) {
                               "host_budget:256M,host_prepare:0,stats:0,host_chunk:16M,host_pool_socket:" + pool_socket_});
   EXPECT_EQ(run.status, 0) << run.out << run.err;
   EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
-  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2\n"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
+      << run.err;
 }
 
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
