@@ -24,7 +24,9 @@ step times (default): --sizes S... [--reference R]
   BENCH lines: spill_<job>_<size>_step_ms, _gpu_multiple,
   _vs_in_memory_scaled, _pcie_gb_per_step, _host_access_gb_per_step,
   _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first
-  warmup step over the median timed one) and spill_<job>_<R>_in_memory_step_ms.
+  warmup step over the median timed one), _cached_free_at_peak (of what gmem
+  held at the last whole step's peak while it spilled, the share no allocation
+  used; from report:1) and spill_<job>_<R>_in_memory_step_ms.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
   the run.
@@ -98,6 +100,8 @@ def step_times(args):
         f.update(pcie_figures(r, args.pcie_gbps))
         if r.get("warmup_ms"):
             f["first_vs_steady"] = r["warmup_ms"][0] / r["step_ms"]
+        if "step_peak" in r:
+            f["cached_free_at_peak"] = 1 - r["step_peak"]["used"] / r["step_peak"]["reserved"]
         print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
               + (f"{scaled:.1f} | {f['vs_in_memory_scaled']:.2f} |" if scaled else "| |")
               + "".join(f" {f[k]:{form}} |" if k in f else " |" for k, form in
@@ -117,6 +121,10 @@ def step_times(args):
             if any(sequences):
                 print(by_sequence_line(size, r, sequences))
             print(tiers_line(size, r))
+            if "step_peak" in r:
+                held, used = r["step_peak"]["reserved"], r["step_peak"]["used"]
+                print(f"- {size}: at the last step's peak gmem held {held / GB:.1f} GB for {used / GB:.1f} GB used: "
+                      f"{(held - used) / GB:.1f} GB ({figures[size]['cached_free_at_peak']:.1%}) cached free")
             if "spilled_sample" in r:
                 print(spilled_line(size, r))
             if r["report"]:
@@ -137,6 +145,8 @@ def step_times(args):
                 print(f"BENCH spill_{args.job}_{size}_{name} {f[key]:.3f} {unit}")
         if "first_vs_steady" in f:
             print(f"BENCH spill_{args.job}_{size}_first_step_vs_steady {f['first_vs_steady']:.3f} x")
+        if "cached_free_at_peak" in f:
+            print(f"BENCH spill_{args.job}_{size}_cached_free_at_peak {f['cached_free_at_peak']:.4f} share")
     if failed:
         print(f"spill_train: failed: {'; '.join(failed)} (logs in {args.out})", file=sys.stderr)
     return 1 if failed else 0
