@@ -18,8 +18,10 @@ namespace gmem::pool {
 struct Figures {
   std::size_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
   // At the peak of use of the job's last whole step while the device spilled
-  // (pool/step_ends.h; 0 before one): what was used and what was held.
-  std::size_t step_peak_used = 0, step_peak_reserved = 0;
+  // (pool/step_ends.h; 0 before one): what was used, what was held, and of
+  // what was free then, the device's own chunks (the rest: spilled chunks and
+  // free slab blocks).
+  std::size_t step_peak_used = 0, step_peak_reserved = 0, step_peak_free_device = 0;
 };
 
 // The work the pool did on a device since it started, and what it asked of

@@ -113,10 +113,12 @@ void VmmPool::end_step(int device) {
   if (b.figures.used > steps.peak_used) {
     steps.peak_used = b.figures.used;
     steps.peak_reserved = b.figures.reserved;
+    steps.peak_free_device = free_device_bytes(device);
   }
   if (!steps.ends.ended(b.figures.used, b.peak_used)) return;
   b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
   b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
+  b.figures.step_peak_free_device = std::exchange(steps.peak_free_device, 0);
   if (b.work.misses == steps.misses) {
     std::vector<Piece*> idle;
     for (const auto& [key, piece] : pieces_.free(device)) {

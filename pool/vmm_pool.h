@@ -275,7 +275,7 @@ class VmmPool {
     StepEnds ends;
     uint64_t began = 0;   // Pieces::handed_out at the last end
     uint64_t misses = 0;  // Work::misses then
-    std::size_t peak_used = 0, peak_reserved = 0;  // of the step under way
+    std::size_t peak_used = 0, peak_reserved = 0, peak_free_device = 0;  // of the step under way
   };
   PerDevice<Steps> steps_;
   std::vector<CUcontext> contexts_;  // served, not destroyed

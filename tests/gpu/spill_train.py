@@ -122,9 +122,10 @@ def step_times(args):
                 print(by_sequence_line(size, r, sequences))
             print(tiers_line(size, r))
             if "step_peak" in r:
-                held, used = r["step_peak"]["reserved"], r["step_peak"]["used"]
+                held, used, device = (r["step_peak"][k] for k in ("reserved", "used", "free_device"))
                 print(f"- {size}: at the last step's peak gmem held {held / GB:.1f} GB for {used / GB:.1f} GB used: "
-                      f"{(held - used) / GB:.1f} GB ({figures[size]['cached_free_at_peak']:.1%}) cached free")
+                      f"{(held - used) / GB:.1f} GB ({figures[size]['cached_free_at_peak']:.1%}) cached free, "
+                      f"{device / GB:.1f} GB of it the device's chunks")
             if "spilled_sample" in r:
                 print(spilled_line(size, r))
             if r["report"]:

@@ -54,8 +54,10 @@ GMEM_TIERS = ("reserved_bytes", "peak_reserved_bytes", "host_reserved_bytes", "p
 # tiers is kept: torch's cached-free bytes (reserved - allocated) beside gmem's.
 GMEM_SPILL = ("cached_free_bytes", "host_bytes", "peer_bytes", "peak_reserved_bytes")
 GMEM_PEAK = re.compile(r"gmem: report vmm-pool device=0 reserved_peak=(\d+)")
-# What gmem held and used at the peak of the last whole step while it spilled.
-GMEM_STEP_PEAK = re.compile(r"gmem: report vmm-pool device=0 .*step_peak_reserved=(\d+) step_peak_used=(\d+)")
+# What gmem held and used at the peak of the last whole step while it spilled,
+# and the device's own chunks free then.
+GMEM_STEP_PEAK = re.compile(r"gmem: report vmm-pool device=0 .*step_peak_reserved=(\d+) step_peak_used=(\d+) "
+                            r"step_peak_free_device=(\d+)")
 
 
 def gnn_step(torch, nodes):
@@ -283,7 +285,8 @@ def attempt(args, setting, size, deterministic=False):
         report = [line for line in err.splitlines() if line.startswith("gmem: report")]
         step_peak = GMEM_STEP_PEAK.search(err)
         if step_peak and int(step_peak[1]):
-            result["step_peak"] = {"reserved": int(step_peak[1]), "used": int(step_peak[2])}
+            result["step_peak"] = {"reserved": int(step_peak[1]), "used": int(step_peak[2]),
+                                   "free_device": int(step_peak[3])}
         # torch warns at each cudaMalloc refused with out of memory (gmem's torch_retry refusals too)
         oom_warnings = err.count("memory allocation failed with OOM")
         return result | {"ok": True, "physical_peak": physical, "report": report, "env": shown, "log": log,

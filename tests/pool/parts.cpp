@@ -6,6 +6,8 @@
 #include "accounting_driver.h"
 #include "pool/slabs.h"
 #include "pool/stitcher.h"
+#include "pool/tiers.h"
+#include "pool/vmm_pool.h"
 
 namespace gmem::pool {
 namespace {
@@ -222,6 +224,44 @@ TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
   EXPECT_EQ(reclaims, 1);
   EXPECT_TRUE(books[0].full);
   EXPECT_EQ(books[0].figures.reserved, 48 * MiB);
+}
+
+// While the device spills, the pool notes each step's peak (what was used and
+// held, and the device's chunks free then); a step that reuses all it holds
+// gives nothing back.
+TEST(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
+  accounting::reset(std::size_t{1} << 30);
+  const vmm::Driver driver = accounting::driver();
+  Budgets budgets;
+  budgets.peer = Amount::of_bytes(0);
+  budgets.host = Amount::of_bytes(std::size_t{4} << 30);
+  budgets.host_prepare = Amount::of_bytes(0);
+  budgets.host_chunk = Amount::of_bytes(64 * MiB);
+  budgets.device_reserve = Amount::of_bytes(0);
+  Tiers tiers(driver, budgets, nullptr, std::size_t{4} << 30);
+  VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+  for (int step = 0; step < 3; ++step) {
+    // A step begins with little in use (steps end where use comes back to
+    // its peak after falling below half of it, as the pool sees at allocations).
+    Block first, device, host;
+    ASSERT_EQ(pool.alloc(&first, 4096, 0, nullptr, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&device, std::size_t{1} << 30, 0, nullptr, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&host, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(tiers.split(host.base, host.size).host, 512 * MiB);
+    const VmmPool::Figures f = pool.figures(0);
+    if (step == 0) {
+      EXPECT_EQ(f.step_peak_used, 0u) << "no whole step yet";
+    } else {
+      EXPECT_EQ(f.step_peak_used, f.used);
+      EXPECT_EQ(f.step_peak_reserved, f.reserved);
+      EXPECT_GE(f.step_peak_used, (std::size_t{3} << 29));
+      EXPECT_EQ(f.step_peak_free_device, 0u);
+    }
+    ASSERT_EQ(pool.free(host.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(device.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(first.base), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(pool.work(0).spilled_released, 0u);
 }
 
 }  // namespace
