@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -90,7 +91,10 @@ void Catalog::rescan_if_stale_locked() {
   struct stat st {};
   bool moved = dirfd_ >= 0 && fstat(dirfd_, &st) == 0 &&
                (st.st_mtim.tv_sec != scanned_mtime_.tv_sec || st.st_mtim.tv_nsec != scanned_mtime_.tv_nsec);
-  if (moved || std::chrono::steady_clock::now() - scanned_ >= rescan_every_) rescan_locked();
+  // A file still starting is read again at each request: its header's completion
+  // changes no directory time (and a coarse clock may hide its creation).
+  bool starting = std::ranges::any_of(files_, [](const auto& kv) { return kv.second->info().state == FileState::starting; });
+  if (moved || starting || std::chrono::steady_clock::now() - scanned_ >= rescan_every_) rescan_locked();
 }
 
 std::vector<ProcessInfo> Catalog::processes(const Viewer& viewer) {

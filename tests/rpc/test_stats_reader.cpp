@@ -208,6 +208,19 @@ TEST_F(Reader, RandomBytesAndRandomHeadersNeverReadAsValid) {
   }
 }
 
+TEST_F(Reader, CatalogReadsAStartingFileAgainOnceItsHeaderIsDone) {
+  // Completing a file's header changes no directory time, and the catalog
+  // here would not rescan on its own clock for an hour.
+  write_raw(self_, "");
+  Catalog catalog(dir_, std::chrono::hours(1));
+  ASSERT_EQ(catalog.processes(root).size(), 1u);
+  EXPECT_EQ(catalog.processes(root)[0].state, FileState::starting);
+  StatsWriter w(dir_, self_, ticks_);  // the same file, now written
+  auto listed = catalog.processes(root);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].state, FileState::ok) << listed[0].problem;
+}
+
 TEST_F(Reader, CatalogShowsEachUidOnlyItsOwnProcesses) {
   StatsWriter w(dir_, self_, ticks_);
   w.set(0, GMEM_STAT_in_use_bytes, 1);
