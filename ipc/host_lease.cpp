@@ -72,7 +72,7 @@ void HostLease::give_back(CUmemGenericAllocationHandle handle) {
 }
 
 bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds) {
-  if (pid_ && pid_ != getpid()) return false;  // the parent's connection
+  if (off_ || (pid_ && pid_ != getpid())) return false;  // never again, or the parent's connection
   if (socket_ < 0) {
     socket_ = fds::connect_to(socket_path_);
     if (socket_ < 0) {
@@ -84,9 +84,18 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
   }
   if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, reply_timeout_ms) ||
       g->magic != host_pool::magic || g->version != host_pool::version || fds->size() != g->count) {
-    // gmemd went away or answered nonsense: what it lent is its again once
-    // this connection closes; a later ask connects anew.
     fds::close_all(*fds);
+    if (!imported_.empty()) {
+      // gmemd is slow or answered nonsense while this job maps units it
+      // lent: closing would hand them to other jobs, which would then share
+      // their memory with this one. The connection stays, for giving units
+      // back; a late answer stays unread, and this job asks no more.
+      log().warn("host pool on {}: no valid answer within {} ms; this job borrows no more and pins its own "
+                 "host memory", socket_path_, reply_timeout_ms);
+      off_ = true;
+      return false;
+    }
+    // None borrowed: a later ask connects anew (gmemd may have restarted).
     close(socket_);
     socket_ = -1;
     return false;

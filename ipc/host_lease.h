@@ -50,7 +50,8 @@ class HostLease {
   // Asks gmemd for a batch (under mutex_); false when none came.
   bool ask(vmm::Location where, std::size_t size);
   // Connects if not yet connected and sends `r` (under mutex_); the answer,
-  // false when none came (the connection is then closed).
+  // false when none came: the connection is then closed, unless units lent
+  // on it are imported (closing would lend them again): then off_.
   bool exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds);
 
   const vmm::Driver& driver_;
@@ -59,7 +60,7 @@ class HostLease {
   std::mutex mutex_;
   int socket_ = -1;
   pid_t pid_ = 0;  // the process that connected
-  bool off_ = false;           // gmemd lends elsewhere: never again
+  bool off_ = false;           // gmemd lends elsewhere, or its answers went astray: never ask again
   std::size_t pool_unit_ = 0;  // the size gmemd lends (0: not known yet)
   std::chrono::steady_clock::time_point next_ask_{};
   std::vector<int> fds_;  // lent, not yet imported: units of pool_unit_ at fds_where_
