@@ -43,7 +43,9 @@ CUresult Pieces::make(int device, std::size_t size, Where where, Piece** out) {
 }
 
 void Pieces::choose(Piece& piece) {
-  piece.free_node = devices_[piece.device].free.extract(piece.free_entry);
+  Device& d = devices_[piece.device];
+  if (!piece.spilled) d.free_on_device -= piece.free_entry->first.first;
+  piece.free_node = d.free.extract(piece.free_entry);
   books_[piece.device].cached_bytes -= piece.memory.size();
   piece.holder = chosen;
 }
@@ -58,8 +60,10 @@ void Pieces::set_free(Piece& piece, int64_t now) {
   piece.holder = nullptr;
   piece.freed_ns = now;
   piece.freed_at = handed_out_;
-  FreePieces& free = devices_[piece.device].free;
+  Device& d = devices_[piece.device];
+  FreePieces& free = d.free;
   const std::pair key{piece.memory.size(), piece.id};  // its memory may have been replaced meanwhile
+  if (!piece.spilled) d.free_on_device += key.first;
   if (piece.free_node) {
     piece.free_node.key() = key;
     piece.free_entry = free.insert(std::move(piece.free_node)).position;
@@ -81,6 +85,11 @@ void Pieces::release(Piece& piece) {
   book.work.spilled_released += piece.spilled;
   Timer timer(book.work.driver_ns);
   devices_[device].pieces.erase(piece.self);  // the chunk goes back to the driver here
+}
+
+std::size_t Pieces::free_on_device(int device) const {
+  const Device* d = devices_.find(device);
+  return d ? d->free_on_device : 0;
 }
 
 std::size_t Pieces::largest_free(int device) const {

@@ -75,6 +75,8 @@ class Pieces {
   std::list<Piece>& all(int device) { return devices_[device].pieces; }
   // The largest free chunk of `device`; 0 if none.
   std::size_t largest_free(int device) const;
+  // The bytes of `device`'s free chunks in its own memory (not spilled).
+  std::size_t free_on_device(int device) const;
   template <typename Visit>
   void for_each_free_pending(Visit&& visit) {
     devices_.for_each([&](int, Device& d) {
@@ -86,6 +88,7 @@ class Pieces {
   struct Device {
     std::list<Piece> pieces;
     FreePieces free;
+    std::size_t free_on_device = 0;  // of `free`, the chunks not spilled
   };
 
   const vmm::Driver& driver_;

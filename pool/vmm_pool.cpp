@@ -131,9 +131,10 @@ void VmmPool::end_step(int device) {
 }
 
 std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {
+  if (!ready_on) return pieces_.free_on_device(device);
   std::size_t bytes = 0;
   for (const auto& [key, piece] : pieces_.free(device)) {
-    if (!piece->spilled && (!ready_on || order_.ready(piece->pending, *ready_on))) bytes += key.first;
+    if (!piece->spilled && order_.ready(piece->pending, *ready_on)) bytes += key.first;
   }
   return bytes;
 }
