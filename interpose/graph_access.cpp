@@ -65,8 +65,8 @@ void instantiated(CUgraph graph, CUgraphExec exec) {
   if (it != m.graphs.end()) m.execs[exec] = it->second;
 }
 
-void launched(CUgraphExec exec, pool::AccessTable& table, pool::Publisher* publisher) {
-  pool::LaunchReferences refs(table);
+void launched(CUgraphExec exec, pool::AccessTable& table, pool::Pool& pool) {
+  pool::LaunchReferences refs(table, nullptr, pool.trace());
   {
     Maps& m = maps();
     std::lock_guard lock(m.mutex);
@@ -75,7 +75,7 @@ void launched(CUgraphExec exec, pool::AccessTable& table, pool::Publisher* publi
     // Looked up again: what lies at each address now (a range may have moved or gone).
     for (CUdeviceptr base : it->second) refs.word(base);
   }
-  refs.finish(publisher);
+  refs.finish(pool.publisher());
 }
 
 void destroyed(CUgraph graph) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pool/access.h"
+#include "pool/pool.h"
 
 namespace gmem::graph_access {
 
@@ -23,8 +24,9 @@ void captured(uint64_t capture, const std::vector<CUdeviceptr>& bases);
 // The capture ended in `graph` (null: it failed, and what it referenced goes).
 void capture_ended(uint64_t capture, CUgraph graph);
 void instantiated(CUgraph graph, CUgraphExec exec);
-// `exec` was launched: each range its kernels referenced counts once.
-void launched(CUgraphExec exec, pool::AccessTable& table, pool::Publisher* publisher);
+// `exec` was launched: each range its kernels referenced counts once (and is
+// written to the pool's trace as used).
+void launched(CUgraphExec exec, pool::AccessTable& table, pool::Pool& pool);
 void destroyed(CUgraph graph);
 void destroyed(CUgraphExec exec);
 

@@ -174,7 +174,7 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
     }
   }
   if (!table.counting()) return;
-  gmem::pool::LaunchReferences refs(table, f);
+  gmem::pool::LaunchReferences refs(table, f, pool.trace());
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
   refs.finish(pool.publisher());
 }
@@ -231,7 +231,7 @@ CUresult launch_graph(CUgraphExec exec, Call&& call) {
   return submit(
       false, [](const gmem::pool::AccessTable&) { return nullptr; }, call,
       [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
-        if (table.counting()) gmem::graph_access::launched(exec, table, pool.publisher());
+        if (table.counting()) gmem::graph_access::launched(exec, table, pool);
       });
 }
 

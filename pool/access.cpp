@@ -2,6 +2,9 @@
 // counts) and the counting of one launch's references.
 #include "pool/access.h"
 
+#include "pool/trace_recorder.h"
+#include "pool/uses.h"
+
 namespace gmem::pool {
 
 AccessRecord::Figures AccessRecord::figures() const {
@@ -140,8 +143,10 @@ void AccessTable::wait_unmoved(const AccessRecord& record) {
 }
 
 // Each launch takes a new mark, so no mark is cleared between launches.
-LaunchReferences::LaunchReferences(AccessTable& table, const void* function)
-    : table_(table), function_(function), counts_(table.thread_counts()) {
+const std::size_t LaunchReferences::traced_size = Uses::min_size;
+
+LaunchReferences::LaunchReferences(AccessTable& table, const void* function, TraceRecorder* trace)
+    : table_(table), function_(function), trace_(trace), counts_(table.thread_counts()) {
   if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones
     for (auto& page : counts_.pages) {
       if (AccessTable::Counts* counts = page.load(std::memory_order_relaxed)) {
@@ -154,6 +159,7 @@ LaunchReferences::LaunchReferences(AccessTable& table, const void* function)
 }
 
 void LaunchReferences::finish(Publisher* publisher) {
+  if (trace_ && !large_.empty()) trace_->used(large_);
   if (!publisher) return;
   for (uint32_t left = devices_; left; left &= left - 1) {
     const int d = __builtin_ctz(left);

@@ -22,6 +22,7 @@
 namespace gmem::pool {
 
 class AccessTable;
+class TraceRecorder;
 
 // One mapped pool range. Records are owned by their AccessTable and live as
 // long as it does: a record removed while a launch still counts into it is
@@ -194,22 +195,28 @@ class AccessTable {
 class LaunchReferences {
  public:
   // `function`: the kernel launched (null: every launch a pass of its own).
-  explicit LaunchReferences(AccessTable& table, const void* function = nullptr);
+  // With `trace`, the launch's large ranges (those pool/uses.h follows) are
+  // written to it as a use (TraceRecorder::used) when it is counted.
+  explicit LaunchReferences(AccessTable& table, const void* function = nullptr, TraceRecorder* trace = nullptr);
   // One parameter word: a reference if it is an address inside a pool range.
   void word(uint64_t value) {
     if (AccessRecord* record = table_.find(value)) reference(*record, value);
   }
   // Counts the launch on the devices it referenced (GMEM_STAT_access_launches,
-  // host_access_bytes, peer_access_bytes); `publisher` may be null.
+  // host_access_bytes, peer_access_bytes; `publisher` may be null), and
+  // writes it to the trace.
   void finish(Publisher* publisher);
 
   uint64_t ranges() const { return ranges_; }
 
  private:
+  static const std::size_t traced_size;  // Uses::min_size
   void reference(AccessRecord& record, uint64_t address);
 
   const AccessTable& table_;
   const void* const function_;
+  TraceRecorder* const trace_;
+  std::vector<CUdeviceptr> large_;  // with trace_: the large ranges referenced, by base
   AccessTable::ThreadCounts& counts_;
   uint32_t mark_;  // this launch's
   uint64_t ranges_ = 0;
@@ -224,6 +231,7 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   if (counts.mark == mark_) return;
   counts.mark = mark_;
   ++ranges_;
+  if (trace_ && record.size() >= traced_size) large_.push_back(record.base());
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
   if (!function_ || counts.function != function_ || offset <= counts.offset) {

@@ -172,6 +172,7 @@ class Pool {
   void veto_spills(SpillVeto* veto) { spill_veto_ = veto; }
   // Writes the VMM pool's requests as an allocation trace (set once, before use).
   void record_trace(std::unique_ptr<TraceRecorder> trace) { trace_ = std::move(trace); }
+  TraceRecorder* trace() const { return trace_.get(); }  // null: no trace
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;

@@ -37,7 +37,8 @@ std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, s
   std::fprintf(out,
                "# gmem allocation trace v1\n"
                "# recorded by gmem (GMEM_CONF trace:FILE), pid %d, %s\n"
-               "# the fifth field of an allocation: its bytes placed off the device by use\n",
+               "# the fifth field of an allocation: its bytes placed off the device by use\n"
+               "# u TIME_US ID...: a launch referenced these large allocations (while the pool counts launches)\n",
                int(getpid()), when);
   std::fflush(out);
   return std::unique_ptr<TraceRecorder>(new TraceRecorder(out, getpid()));
@@ -93,6 +94,23 @@ void TraceRecorder::device_full(std::size_t device_bytes) {
 bool TraceRecorder::device_full_said() {
   std::lock_guard lock(mutex_);
   return device_full_;
+}
+
+void TraceRecorder::used(const std::vector<CUdeviceptr>& bases) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_) return;
+  const long long us = (now_ns() - opened_ns_) / 1000;
+  bool written = false;
+  for (CUdeviceptr base : bases) {
+    auto it = ids_.find(base);
+    if (it == ids_.end()) continue;
+    if (!written) std::fprintf(out_, "u %lld", us);
+    written = true;
+    std::fprintf(out_, " %u", it->second);
+  }
+  if (!written) return;
+  std::fputc('\n', out_);
+  std::fflush(out_);
 }
 
 void TraceRecorder::freed(CUdeviceptr base) {

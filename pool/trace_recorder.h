@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pool/clock.h"
 #include "pool/stream_order.h"
 
 namespace gmem::pool {
@@ -43,6 +44,9 @@ class TraceRecorder {
                  const Made* made = nullptr);
   // The allocation at `base` was freed (one the trace saw allocated).
   void freed(CUdeviceptr base);
+  // A kernel or graph launch referenced the allocations at `bases` (those
+  // the trace saw allocated are written; pool/access.h says which it passes).
+  void used(const std::vector<CUdeviceptr>& bases);
   // The device first spilled, the pool then holding `device_bytes` of its
   // memory: a comment line, written once, from which a replay takes the
   // device's size (pool-policy). `device_full_said`: whether it was written.
@@ -50,13 +54,14 @@ class TraceRecorder {
   bool device_full_said();
 
  private:
-  TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid) {}
+  TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid), opened_ns_(now_ns()) {}
   uint32_t id_for(CUdeviceptr base);  // under mutex_
   uint32_t stream_number(StreamId stream);  // under mutex_
 
   std::mutex mutex_;
   FILE* const out_;
   const pid_t pid_;  // the process that writes
+  const int64_t opened_ns_;  // steady clock: uses are timed from it
   std::unordered_map<CUdeviceptr, uint32_t> ids_;
   std::vector<uint32_t> free_ids_;  // a min-heap: ids are reused smallest first
   uint32_t next_id_ = 0;

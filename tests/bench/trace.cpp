@@ -58,6 +58,20 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     if (!(fields >> op) || op[0] == '#') continue;
     Event e;
     std::uint64_t id = 0, bytes = 0, stream = 0;
+    if (op == "u") {
+      const std::string expected = "expected 'u TIME_US ID...', found '" + line.substr(0, 60) + "'";
+      std::uint64_t us = 0;
+      if (!field(fields, UINT64_MAX, &us)) return fail(expected);
+      std::size_t ids = 0;
+      for (std::string word; fields >> word; ++ids) {
+        std::istringstream one(word);
+        if (!field(one, max_id, &id)) return fail(expected);
+        if (id >= live_bytes.size() || !live_bytes[id]) return fail("use of id " + std::to_string(id) + ", which is not live");
+      }
+      if (ids == 0) return fail(expected);
+      ++t.uses;
+      continue;
+    }
     if (op == "a" && field(fields, max_id, &id) && field(fields, UINT64_C(1) << 48, &bytes) &&
         field(fields, max_stream, &stream)) {
       e = Event{true, static_cast<std::uint32_t>(id), bytes, static_cast<std::uint32_t>(stream)};

@@ -30,6 +30,9 @@ struct Trace {
   // gmem's own traces: the device memory the pool held when the device first
   // spilled (`# device full: the pool held N bytes of the device`); 0 if not said.
   std::uint64_t device_full = 0;
+  // gmem's own traces: launches that referenced live allocations (`u` lines;
+  // checked, not replayed).
+  std::uint64_t uses = 0;
 };
 
 // The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks

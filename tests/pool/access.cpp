@@ -13,8 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "own_stats.h"
 
@@ -240,6 +243,63 @@ TEST_F(Traced, AllocationsBesideACaptureLeaveItWhole) {
   EXPECT_EQ(cuStreamSynchronize(other), CUDA_SUCCESS);
   EXPECT_EQ(cuStreamDestroy_v2(captured), CUDA_SUCCESS);
   EXPECT_EQ(cuStreamDestroy_v2(other), CUDA_SUCCESS);
+}
+
+// The trace names the large allocations each counted launch referenced, in
+// order: a `u` line per launch (the time, then the trace's ids), for kernel
+// and graph launches; the small ones and launches of none are left out.
+TEST_F(Traced, EachLaunchOfLargeAllocationsIsWrittenAsAUse) {
+  CUdeviceptr large = 0, larger = 0, small = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&large, 64 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&larger, 96 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&small, 4 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(larger, small, large + 8), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(small, small, small), CUDA_SUCCESS);  // no large one: no line
+  ASSERT_EQ(launch_two(large, large + 64, small), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr a = larger, b = small, c = small;
+  unsigned n = 0;
+  void* params[] = {&a, &b, &n, &c};
+  ASSERT_EQ(cuLaunchKernel(two_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+
+  std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
+  std::map<std::size_t, std::string> id_of;  // by size
+  std::vector<std::string> uses;
+  long last_time = -1;
+  for (std::string line; std::getline(trace, line);) {
+    std::istringstream fields(line);
+    std::string op, id;
+    fields >> op >> id;
+    if (op == "a") {
+      std::size_t size = 0;
+      fields >> size;
+      id_of[size] = id;
+    } else if (op == "u") {
+      const long time = std::stol(id);
+      EXPECT_GE(time, last_time) << "uses are written in order, timed from the trace's start";
+      last_time = time;
+      std::string rest;
+      std::getline(fields, rest);
+      uses.push_back(rest);
+    }
+  }
+  const std::string l = id_of[64 * mib], ll = id_of[96 * mib];
+  ASSERT_FALSE(l.empty());
+  ASSERT_FALSE(ll.empty());
+  EXPECT_EQ(uses, (std::vector<std::string>{" " + ll + " " + l, " " + l, " " + ll}));
+
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+  for (CUdeviceptr p : {large, larger, small}) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
 // Launches are counted once the pool holds track_from (75%) of the device's

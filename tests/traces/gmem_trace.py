@@ -79,10 +79,18 @@ def _open(path, mode):
     return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
 
 
+def _format(e):
+    if e[0] == "a":
+        return f"a {e[1]} {e[2]} {e[3]}"
+    if e[0] == "u":
+        return "u " + " ".join(str(v) for v in (e[1], *e[2]))
+    return f"f {e[1]}"
+
+
 def format_events(events, comments=()):
     """The text of a trace file."""
     lines = [HEADER] + ["# " + c.replace("\n", " ") for c in comments]
-    lines += [f"a {e[1]} {e[2]} {e[3]}" if e[0] == "a" else f"f {e[1]}" for e in events]
+    lines += [_format(e) for e in events]
     return "\n".join(lines) + "\n"
 
 
@@ -92,9 +100,10 @@ def write(path, events, comments=()):
         f.write(format_events(events, comments))
 
 
-def parse(lines, where="trace"):
+def parse(lines, where="trace", uses=False):
     """Events from the lines of a trace file, checked as check() does; a
-    TraceError names the line."""
+    TraceError names the line. With `uses`, gmem's use lines too, as
+    ('u', time_us, [id, ...]); without, they are checked and left out."""
     events, numbers = [], []
     it = iter(lines)
     first = next(it, "").rstrip("\n")
@@ -112,26 +121,36 @@ def parse(lines, where="trace"):
                 events.append(("a", int(fields[1]), int(fields[2]), int(fields[3])))
             elif fields[0] == "f" and len(fields) == 2:
                 events.append(("f", int(fields[1])))
+            elif fields[0] == "u" and len(fields) >= 3:
+                # gmem's own traces: a launch referenced these large allocations.
+                if int(fields[1]) < 0:
+                    raise ValueError
+                events.append(("u", int(fields[1]), [int(f) for f in fields[2:]]))
             else:
                 raise ValueError
         except ValueError:
-            raise TraceError(f"{where}:{number}: expected 'a ID BYTES STREAM [OFF_DEVICE]' or 'f ID', "
-                             f"found {line.strip()[:60]!r}") from None
+            raise TraceError(f"{where}:{number}: expected 'a ID BYTES STREAM [OFF_DEVICE]', 'f ID' or "
+                             f"'u TIME_US ID...', found {line.strip()[:60]!r}") from None
         numbers.append(number)
     check(events, lambda i: f"{where}:{numbers[i]}")
-    return events
+    return events if uses else [e for e in events if e[0] != "u"]
 
 
-def read(path):
+def read(path, uses=False):
     with _open(path, "r") as f:
-        return parse(f, where=os.path.basename(str(path)))
+        return parse(f, where=os.path.basename(str(path)), uses=uses)
 
 
 def check(events, where=lambda i: f"event {i}"):
     """Raises TraceError unless every 'a' names an id that is not live, with
-    0 < bytes < 2^48 and a stream in range, and every 'f' names a live id."""
+    0 < bytes < 2^48 and a stream in range, and every 'f' and 'u' names live ids."""
     live = set()
     for i, e in enumerate(events):
+        if e[0] == "u":
+            for ident in e[2]:
+                if ident not in live:
+                    raise TraceError(f"{where(i)}: use of id {ident}, which is not live")
+            continue
         ident = e[1]
         if not 0 <= ident < MAX_ID:
             raise TraceError(f"{where(i)}: id {ident} out of range [0, {MAX_ID})")
@@ -157,7 +176,7 @@ def peak_requested(events):
             size[e[1]] = e[2]
             live += e[2]
             peak = max(peak, live)
-        else:
+        elif e[0] == "f":
             live -= size.pop(e[1])
     return peak
 

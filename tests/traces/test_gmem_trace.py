@@ -75,6 +75,15 @@ class Format(unittest.TestCase):
         self.assertEqual(gmem_trace.parse([HEADER + "\n", "a 0 100 1 40\n", "f 0\n"], where="t"),
                          [("a", 0, 100, 1), ("f", 0)])
 
+    def test_gmems_own_traces_say_what_launches_used_when_asked(self):
+        lines = [HEADER + "\n", "a 0 100 1\n", "a 1 50 0\n", "u 7 1 0\n", "f 0\n", "u 9 1\n"]
+        self.assertEqual(gmem_trace.parse(lines, where="t"), [("a", 0, 100, 1), ("a", 1, 50, 0), ("f", 0)])
+        events = gmem_trace.parse(lines, where="t", uses=True)
+        self.assertEqual(events[2], ("u", 7, [1, 0]))
+        self.assertEqual(events[4], ("u", 9, [1]))
+        self.assertEqual(gmem_trace.peak_requested(events), 150)
+        self.assertEqual(gmem_trace.format_events(events).splitlines()[1:], [l.strip() for l in lines[1:]])
+
     def test_peak_requested(self):
         self.assertEqual(gmem_trace.peak_requested(EXPECTED_EVENTS), 4000)
         self.assertEqual(gmem_trace.peak_requested([]), 0)
@@ -90,7 +99,11 @@ class Format(unittest.TestCase):
                  (HEADER + "a 0 10 0 11\n", "t:2: expected"),
                  (HEADER + "a 0 10 0 7 1\n", "t:2: expected"),
                  (HEADER + "a 0 x 0\n", "t:2: expected"),
-                 (HEADER + "a 0 281474976710656 0\n", "t:2: allocation of 281474976710656 bytes")]
+                 (HEADER + "a 0 281474976710656 0\n", "t:2: allocation of 281474976710656 bytes"),
+                 (HEADER + "a 0 10 0\nu 5\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu 5 0 x\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu -1 0\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nf 0\nu 5 0\n", "t:4: use of id 0, which is not live")]
         for text, message in cases:
             with self.assertRaises(gmem_trace.TraceError, msg=text) as caught:
                 gmem_trace.parse(text.splitlines(keepends=True), where="t")

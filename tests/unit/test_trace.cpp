@@ -54,6 +54,14 @@ TEST(Trace, GmemsOwnTracesSayHowMuchOfTheDeviceThePoolHeldWhenItFilled) {
   EXPECT_EQ(t->events.size(), 2u);
 }
 
+TEST(Trace, GmemsOwnTracesSayWhatLaunchesUsedAndAReplaySkipsIt) {
+  std::string error;
+  auto t = read(header + "a 0 100 0\na 1 50 0\nu 12 0\nu 15 1 0\nf 0\n", &error);
+  ASSERT_TRUE(t) << error;
+  EXPECT_EQ(t->uses, 2u);
+  EXPECT_EQ(t->events.size(), 3u);
+}
+
 TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
   const std::pair<std::string, std::string> cases[] = {
       {"# gmem allocation trace v2\n", "t:1: expected '# gmem allocation trace v1'"},
@@ -71,6 +79,11 @@ TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
       {header + "a 0 10 0 7 1\n", "t:2: unexpected '1'"},
       {header + "a 0 99999999999999999999999 0\n", "t:2: expected"},
       {header + "# device full: the pool held many bytes of the device\n", "t:2: expected '# device full: the pool held BYTES"},
+      {header + "a 0 10 0\nu 5\n", "t:3: expected 'u TIME_US ID...'"},
+      {header + "a 0 10 0\nu 5 0 x\n", "t:3: expected 'u TIME_US ID...'"},
+      {header + "a 0 10 0\nu x 0\n", "t:3: expected 'u TIME_US ID...'"},
+      {header + "a 0 10 0\nu 5 1\n", "t:3: use of id 1, which is not live"},
+      {header + "a 0 10 0\nf 0\nu 5 0\n", "t:4: use of id 0, which is not live"},
   };
   for (const auto& [text, message] : cases) {
     std::string error;
