@@ -75,7 +75,8 @@ def from_device_trace(entries):
     return b.events, notes
 
 
-def _open(path, mode):
+def open_text(path, mode):
+    """The file at `path` as text, gunzipped where it ends in .gz."""
     return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
 
 
@@ -96,7 +97,7 @@ def format_events(events, comments=()):
 
 def write(path, events, comments=()):
     check(events)
-    with _open(path, "w") as f:
+    with open_text(path, "w") as f:
         f.write(format_events(events, comments))
 
 
@@ -137,7 +138,7 @@ def parse(lines, where="trace", uses=False):
 
 
 def read(path, uses=False):
-    with _open(path, "r") as f:
+    with open_text(path, "r") as f:
         return parse(f, where=os.path.basename(str(path)), uses=uses)
 
 
