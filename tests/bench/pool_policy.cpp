@@ -21,7 +21,10 @@
 // requested bytes come within a 64th of their peak after falling below half
 // of it (as pool/uses.h times steps), and what the pool held then and how
 // much of it was cached free, and of that on the device (the rest is peer and
-// host memory beyond the live allocations'); --misses-from STEP also lists each request
+// host memory beyond the live allocations'), and, where the trace has use
+// lines, the bytes off the device of the allocations each launch referenced
+// (summed over the step's launches, and a steady step's printed at the end:
+// the placement's PCIe traffic at most); --misses-from STEP also lists each request
 // that needed a range made from that step on. --max-last-step-maps fails the
 // run when the trace's last whole step mapped more than that many chunks;
 // --max-steady-cached-free when what was cached free at the peak of either
@@ -58,6 +61,12 @@ std::size_t passes = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
 bool per_step = false;
 int misses_from = INT32_MAX;
+
+std::string gigabytes(uint64_t bytes) {
+  char text[32];
+  snprintf(text, sizeof text, "%.2f GB", double(bytes) / 1e9);
+  return text;
+}
 
 int replay(const std::string& path) {
   std::string error;
@@ -101,6 +110,11 @@ int replay(const std::string& path) {
   // trace is replayed several times (a job whose steps repeat their requests
   // exactly), else the trace's second half (its steps vary).
   const std::size_t events = trace->events.size();
+  // With use lines: the bytes of the launches' allocations off the device
+  // when they ran (an upper estimate of what they moved over PCIe, as the
+  // shim's host_access_bytes is), this step and over the steady state.
+  std::size_t next_use = 0;
+  uint64_t step_passed = 0, steady_passed = 0, steady_steps = 0;
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
   gmem::accounting::Accounts at_steady;
   std::size_t allocs = 0, steady_allocs = 0;
@@ -116,6 +130,13 @@ int replay(const std::string& path) {
       }
       std::fill(live_bytes.begin(), live_bytes.end(), 0);
       requested = 0;
+      next_use = 0;
+    }
+    for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
+      for (uint32_t id : trace->uses[next_use].ids) {
+        const gmem::pool::Split split = tiers ? tiers->split(live[id], live_bytes[id]) : gmem::pool::Split{};
+        step_passed += split.host + split.peer;
+      }
     }
     allocs += e.alloc;
     steady_allocs += e.alloc && i >= steady_from;
@@ -164,7 +185,7 @@ int replay(const std::string& path) {
         const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
                "(host %llu) released %llu syncs %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
-               "(%.2f on the device) of %.2f GB held\n",
+               "(%.2f on the device) of %.2f GB held%s\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -175,14 +196,25 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.releases - step_accounts.releases),
              static_cast<unsigned long long>(accounts.syncs - step_accounts.syncs), double(held.host) / 1e9,
              double(held.peer) / 1e9, double(cached) / 1e9, double(cached - cached_spilled) / 1e9,
-             double(pool.figures(0).reserved) / 1e9);
+             double(pool.figures(0).reserved) / 1e9,
+             trace->uses.empty() ? "" : ("; launches passed " + gigabytes(step_passed) + " off the device").c_str());
       }
+      if (i >= steady_from) {
+        steady_passed += step_passed;
+        ++steady_steps;
+      }
+      step_passed = 0;
       ++step;
       step_from = w;
       step_accounts = accounts;
     }
   }
   const std::string name = gmem::trace::name_of(path);
+  if (!trace->uses.empty() && steady_steps) {
+    printf("pool-policy: %s: the steady steps' launches passed %s a step off the device (at most: each launch "
+           "counts all of each allocation it references)\n",
+           path.c_str(), gigabytes(steady_passed / steady_steps).c_str());
+  }
   const auto figures = pool.figures(0);
   const double ratio = double(figures.reserved_high) / double(trace->peak_requested);
   printf("BENCH trace_%s_policy_peak_ratio %.4f ratio\n", name.c_str(), ratio);

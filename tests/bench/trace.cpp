@@ -62,14 +62,15 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
       const std::string expected = "expected 'u TIME_US ID...', found '" + line.substr(0, 60) + "'";
       std::uint64_t us = 0;
       if (!field(fields, UINT64_MAX, &us)) return fail(expected);
-      std::size_t ids = 0;
-      for (std::string word; fields >> word; ++ids) {
+      Trace::Use use{t.events.size(), {}};
+      for (std::string word; fields >> word;) {
         std::istringstream one(word);
         if (!field(one, max_id, &id)) return fail(expected);
         if (id >= live_bytes.size() || !live_bytes[id]) return fail("use of id " + std::to_string(id) + ", which is not live");
+        use.ids.push_back(static_cast<std::uint32_t>(id));
       }
-      if (ids == 0) return fail(expected);
-      ++t.uses;
+      if (use.ids.empty()) return fail(expected);
+      t.uses.push_back(std::move(use));
       continue;
     }
     if (op == "a" && field(fields, max_id, &id) && field(fields, UINT64_C(1) << 48, &bytes) &&

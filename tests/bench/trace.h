@@ -30,9 +30,13 @@ struct Trace {
   // gmem's own traces: the device memory the pool held when the device first
   // spilled (`# device full: the pool held N bytes of the device`); 0 if not said.
   std::uint64_t device_full = 0;
-  // gmem's own traces: launches that referenced live allocations (`u` lines;
-  // checked, not replayed).
-  std::uint64_t uses = 0;
+  // gmem's own traces: the launches that referenced live allocations (`u`
+  // lines), each made before `events[before]`.
+  struct Use {
+    std::size_t before = 0;
+    std::vector<std::uint32_t> ids;
+  };
+  std::vector<Use> uses;
 };
 
 // The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks

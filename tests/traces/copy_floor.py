@@ -50,21 +50,22 @@ def device_full(lines):
 
 
 def steps_of(events):
-    """Indexes into `events` where steps begin: the live bytes came within a
-    64th of their peak, then fell below half of it (the pool's rule,
-    pool/step_ends.h); the first step begins at 0."""
+    """Indexes into `events` where steps begin: where the live bytes came
+    within a 64th of their peak after falling below half of it (the pool's
+    rule, pool/step_ends.h), so a step runs from peak to peak; the first,
+    from the start to the first peak, begins at 0."""
     peak = gmem_trace.peak_requested(events)
-    size, live, near_peak, starts = {}, 0, False, [0]
+    size, live, armed, starts = {}, 0, True, [0]
     for i, e in enumerate(events):
         if e[0] == "a":
             size[e[1]] = e[2]
             live += e[2]
-            near_peak = near_peak or live * 64 >= peak * 63
         elif e[0] == "f":
             live -= size.pop(e[1])
-            if near_peak and live * 2 < peak:
-                starts.append(i + 1)
-                near_peak = False
+        armed = armed or live * 2 < peak
+        if armed and live + peak // 64 >= peak:
+            starts.append(i + 1)
+            armed = False
     return starts
 
 
@@ -143,12 +144,10 @@ def simulate(events, device_bytes):
 
 def report(events, device_bytes, gbps, out=sys.stdout):
     """Prints each step's figures under the model beside its recorded time;
-    returns the steps' floors in ms (the last, cut short by the recording's
-    end, left out)."""
+    returns the floors in ms of the whole steps (from peak to peak)."""
     costs = simulate(events, device_bytes)
     starts = steps_of(events)
-    complete = starts[-1] == len(events)  # the last step ended with the trace
-    if not complete:
+    if starts[-1] < len(events):
         starts.append(len(events))
     floors = []
 
@@ -162,8 +161,9 @@ def report(events, device_bytes, gbps, out=sys.stdout):
         launches = sum(1 for e in events[begin:end] if e[0] == "u")
         floor_ms = max(copied_in + in_place, copied_out) / (gbps * GB) * 1e3
         first, after = first_use_time(begin, end), first_use_time(end, len(events))
-        last = end == len(events) and not complete
-        line = (f"step {k + 1}{' (cut short)' if last else ''}: {launches} launches; in {copied_in / GB:.1f} GB "
+        whole = 0 < k and end < len(events)
+        part = "" if whole else " (to the first peak)" if k == 0 else " (cut short)"
+        line = (f"step {k + 1}{part}: {launches} launches; in {copied_in / GB:.1f} GB "
                 f"copied + {in_place / GB:.1f} GB in place, out {copied_out / GB:.1f} GB; floor {floor_ms:.0f} ms")
         if first is not None and after is not None:
             recorded_ms = (after - first) / 1e3
@@ -171,10 +171,10 @@ def report(events, device_bytes, gbps, out=sys.stdout):
             if floor_ms:
                 line += f" ({recorded_ms / floor_ms:.2f}x the floor)"
         print(line, file=out)
-        if not last:
+        if whole:
             floors.append(floor_ms)
-    if len(floors) > 1:
-        print(f"steady (steps 2 to {len(floors)}, median): floor {statistics.median(floors[1:]):.0f} ms", file=out)
+    if floors:
+        print(f"steady (steps 2 to {len(floors) + 1}, median): floor {statistics.median(floors):.0f} ms", file=out)
     return floors
 
 

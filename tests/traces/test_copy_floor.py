@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""copy_floor.py's model on traces small enough to work out by hand."""
-import io
+"""copy_floor.py's model on traces small enough to work out by hand, and
+what pool-policy (GMEM_POOL_POLICY, set by meson) says the pool's placement
+passes off the device on the same kind of trace."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -50,43 +52,79 @@ class Model(unittest.TestCase):
         events = [("a", 0, 2 * U, 0), ("u", 0, [0]), ("a", 1, small, 0), ("a", 2, small, 0), ("u", 1, [0])]
         self.assertEqual(totals(events, 2 * U), (0, 1, 1))
 
-    def test_steps_begin_where_the_live_bytes_fall_below_half_their_peak(self):
+    def test_steps_run_from_peak_to_peak(self):
         step = [("a", 0, 4 * U, 0), ("u", 0, [0]), ("f", 0), ("a", 0, U, 0), ("f", 0)]
-        self.assertEqual(copy_floor.steps_of(step * 3), [0, 3, 8, 13])
+        self.assertEqual(copy_floor.steps_of(step * 3), [0, 1, 6, 11])
+
+
+def run_on(command, events, *args, comments=()):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.trace")
+        with open(path, "w") as f:
+            f.write(gmem_trace.format_events(events, comments))
+        return subprocess.run(command + [path, *args], capture_output=True, text=True)
 
 
 class Command(unittest.TestCase):
     def run_on(self, events, *args, comments=()):
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "t.trace")
-            with open(path, "w") as f:
-                f.write(gmem_trace.format_events(events, comments))
-            return subprocess.run([sys.executable, os.path.join(HERE, "copy_floor.py"), path, *args],
-                                  capture_output=True, text=True)
+        return run_on([sys.executable, os.path.join(HERE, "copy_floor.py")], events, *args, comments=comments)
 
     def test_prints_each_steps_traffic_floor_and_recorded_time(self):
         steps = []
-        for k in range(4):  # the fourth cut short: it never frees
+        for k in range(4):
             t = k * 1_000_000
-            steps += [("a", 0, 2 * U, 0), ("u", t, [0]), ("a", 1, 2 * U, 0), ("u", t + 10, [1]), ("u", t + 20, [0])]
-            steps += [("f", 0), ("f", 1)] if k < 3 else []
+            steps += [("a", 0, 2 * U, 0), ("u", t, [0]), ("a", 1, 2 * U, 0), ("u", t + 10, [1]), ("u", t + 20, [0]),
+                      ("f", 0), ("f", 1)]
         done = self.run_on(steps, "--gbps", "1", comments=[f"device full: the pool held {3 * U} bytes of the device"])
         self.assertEqual(done.returncode, 0, done.stderr)
         lines = done.stdout.splitlines()
         self.assertTrue(lines[0].startswith("device 0.2 GB"), lines)
-        self.assertIn("step 1: 3 launches; in 0.1 GB copied + 0.0 GB in place, out 0.1 GB; floor 67 ms; "
+        self.assertTrue(lines[1].startswith("step 1 (to the first peak): 1 launches;"), lines)
+        # From B's allocation on: B's first use sends 1U of A out, A's second brings it back.
+        self.assertIn("step 2: 3 launches; in 0.1 GB copied + 0.0 GB in place, out 0.1 GB; floor 67 ms; "
                       "recorded 1000 ms (14.90x the floor)", lines)
-        self.assertTrue(lines[4].startswith("step 4 (cut short)"), lines)
-        self.assertEqual(lines[5], "steady (steps 2 to 3, median): floor 67 ms")
-        whole = self.run_on(steps + [("f", 0), ("f", 1)], "--device-bytes", str(3 * U)).stdout.splitlines()
-        self.assertFalse(any("cut short" in line for line in whole), whole)
-        self.assertTrue(whole[-1].startswith("steady (steps 2 to 4, median)"), whole)
+        self.assertTrue(lines[5].startswith("step 5 (cut short): 2 launches"), lines)
+        self.assertEqual(lines[6], "steady (steps 2 to 4, median): floor 67 ms")
 
     def test_says_what_is_missing(self):
         events = [("a", 0, U, 0), ("u", 0, [0])]
         self.assertIn("give --device-bytes", self.run_on(events).stderr)
         self.assertIn("no use lines", self.run_on(events[:1], "--device-bytes", str(U)).stderr)
         self.assertNotEqual(self.run_on(events[:1], "--device-bytes", str(U)).returncode, 0)
+
+
+POOL_POLICY = os.environ.get("GMEM_POOL_POLICY", "")
+
+
+@unittest.skipUnless(POOL_POLICY, "needs GMEM_POOL_POLICY (meson test sets it)")
+class PlacementReplay(unittest.TestCase):
+    """A 64 MiB and a 1 GiB allocation a step on a 256 MiB device with a host
+    tier: the large one lies mostly on the host."""
+
+    def passed(self, used):
+        events = []
+        for t in range(5):
+            events += [("a", 0, U, 0), ("a", 1, 16 * U, 0), ("u", t, [used]), ("f", 1), ("f", 0)]
+        done = run_on([POOL_POLICY, "--device-memory", str(4 * U), "--host-memory", str(64 * U), "--per-step"],
+                      events)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        steps = [float(g) for g in re.findall(r"launches passed ([0-9.]+) GB off the device", done.stdout)]
+        steady = re.search(r"steady steps' launches passed ([0-9.]+) GB a step", done.stdout)
+        self.assertGreaterEqual(len(steps), 3, done.stdout)
+        self.assertTrue(steady, done.stdout)
+        return steps, float(steady.group(1))
+
+    def test_launches_of_what_lies_on_the_host_pass_its_host_bytes(self):
+        steps, steady = self.passed(1)
+        # Steps run from peak to peak: the first ends before the first use.
+        self.assertEqual(steps[0], 0.0)
+        self.assertTrue(all(0.75 <= s <= 1.08 for s in steps[1:]), steps)  # of 1.07 GB, at most 0.27 on the device
+        self.assertEqual(steady, steps[-1])
+
+    def test_launches_of_what_lies_on_the_device_pass_nothing(self):
+        steps, steady = self.passed(0)
+        self.assertEqual(steps, [0.0] * len(steps))
+        self.assertEqual(steady, 0.0)
 
 
 if __name__ == "__main__":

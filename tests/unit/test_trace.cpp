@@ -54,11 +54,14 @@ TEST(Trace, GmemsOwnTracesSayHowMuchOfTheDeviceThePoolHeldWhenItFilled) {
   EXPECT_EQ(t->events.size(), 2u);
 }
 
-TEST(Trace, GmemsOwnTracesSayWhatLaunchesUsedAndAReplaySkipsIt) {
+TEST(Trace, GmemsOwnTracesSayWhatEachLaunchUsedBetweenWhichEvents) {
   std::string error;
   auto t = read(header + "a 0 100 0\na 1 50 0\nu 12 0\nu 15 1 0\nf 0\n", &error);
   ASSERT_TRUE(t) << error;
-  EXPECT_EQ(t->uses, 2u);
+  ASSERT_EQ(t->uses.size(), 2u);
+  EXPECT_EQ(t->uses[0].before, 2u);
+  EXPECT_EQ(t->uses[0].ids, std::vector<std::uint32_t>{0});
+  EXPECT_EQ(t->uses[1].ids, (std::vector<std::uint32_t>{1, 0}));
   EXPECT_EQ(t->events.size(), 3u);
 }
 
