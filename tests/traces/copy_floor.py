@@ -17,9 +17,16 @@ beside the small allocations, the rest is read in place over PCIe (counted
 with what comes in). Every use may write, so nothing on the host stays a valid
 copy once its allocation is used.
 
-The floor of a step is the busier direction's bytes at --gbps, as
-tests/gpu/spill_train.py times a step's measured traffic: copies overlap
-compute at best. What the model cannot see: references the launch hooks miss
+A part that leaves the device while its allocation lives must be remapped
+onto host memory (a kernel may reach it through a pointer the launch hooks do
+not see), and one that comes back, onto device memory. The driver does that
+on one thread whatever the threads asking (docs/results.md, bench-evict,
+2026-11-25): giving the device access to host memory costs about 21.4 ms a GB
+while copies run, unmapping it 7.1 ms, and mapping device memory about 1 ms.
+
+The floor of a step is the longer of its PCIe time, the busier direction's
+bytes at --gbps as tests/gpu/spill_train.py times a step's measured traffic,
+and its remapping time: both overlap compute at best. What the model cannot see: references the launch hooks miss
 (pointers in device memory, memcpy and memset calls), and kernels that touch
 only part of an allocation.
 
@@ -37,6 +44,9 @@ sys.path.insert(0, HERE)
 import gmem_trace  # noqa: E402
 
 LARGE = 64 << 20  # the smallest allocation use lines name (pool/uses.h)
+# Driver time per GB remapped while copies run (bench-evict, H100, docs/results.md).
+MAP_HOST_MS_PER_GB = 21.4  # cuMemSetAccess of host chunks (5484 us per 256 MiB)
+BACK_MS_PER_GB = 7.1 + 1.0  # unmapping host chunks (1821 us per 256 MiB), mapping device ones (954 us per GiB)
 DEVICE_FULL = "# device full: the pool held "
 GB = 1e9
 
@@ -71,7 +81,8 @@ def steps_of(events):
 
 def simulate(events, device_bytes):
     """Per event, what it costs under the model: (bytes copied in, bytes
-    copied out, bytes read or written in place over PCIe)."""
+    copied out, bytes read or written in place over PCIe, bytes that left the
+    device while their allocation lived)."""
     # Each allocation's life, numbered in trace order; its size, and the use
     # events of each large one.
     number, sizes, uses = {}, [], collections.defaultdict(collections.deque)
@@ -93,8 +104,9 @@ def simulate(events, device_bytes):
     def make_room(need, keep):
         """Sends out parts of the large lives not in `keep`, used again
         furthest ahead first, until `need` bytes are free: the bytes sent out
-        that are used again, and the room still lacking."""
-        out = 0
+        that are used again, all the bytes that left, and the room still
+        lacking."""
+        out = left = 0
         free = device_bytes - small - sum(resident.values())
         for n in sorted((n for n in resident if n not in keep), key=next_use, reverse=True):
             if free >= need:
@@ -104,19 +116,20 @@ def simulate(events, device_bytes):
             if not resident[n]:
                 del resident[n]
             free += part
+            left += part
             if next_use(n) != math.inf:
                 out += part
-        return out, max(0, need - free)
+        return out, left, max(0, need - free)
 
     costs, lives = [], 0
     for e in events:
-        copied_in = copied_out = in_place = 0
+        copied_in = copied_out = in_place = left = 0
         if e[0] == "a":
             number[e[1]] = lives
             lives += 1
             if e[2] < LARGE:
                 small += e[2]
-                copied_out, _ = make_room(0, ())
+                copied_out, left, _ = make_room(0, ())
         elif e[0] == "f":
             n = number.pop(e[1])
             if sizes[n] < LARGE:
@@ -127,7 +140,7 @@ def simulate(events, device_bytes):
             for n in used:
                 uses[n].popleft()
             lacking = {n: sizes[n] - resident.get(n, 0) for n in used}
-            copied_out, short = make_room(sum(lacking.values()), set(used))
+            copied_out, left, short = make_room(sum(lacking.values()), set(used))
             room = sum(lacking.values()) - short
             for n, lack in lacking.items():
                 part = min(lack, room)
@@ -138,7 +151,7 @@ def simulate(events, device_bytes):
                     copied_in += part
                 in_place += lack - part
                 filled.add(n)
-        costs.append((copied_in, copied_out, in_place))
+        costs.append((copied_in, copied_out, in_place, left))
     return costs
 
 
@@ -157,14 +170,17 @@ def report(events, device_bytes, gbps, out=sys.stdout):
     print(f"device {device_bytes / GB:.1f} GB for the model; {gbps:g} GB/s each way", file=out)
     for k in range(len(starts) - 1):
         begin, end = starts[k], starts[k + 1]
-        copied_in, copied_out, in_place = (sum(c[i] for c in costs[begin:end]) for i in range(3))
+        copied_in, copied_out, in_place, left = (sum(c[i] for c in costs[begin:end]) for i in range(4))
         launches = sum(1 for e in events[begin:end] if e[0] == "u")
-        floor_ms = max(copied_in + in_place, copied_out) / (gbps * GB) * 1e3
+        pcie_ms = max(copied_in + in_place, copied_out) / (gbps * GB) * 1e3
+        remap_ms = (left * MAP_HOST_MS_PER_GB + copied_in * BACK_MS_PER_GB) / GB
+        floor_ms = max(pcie_ms, remap_ms)
         first, after = first_use_time(begin, end), first_use_time(end, len(events))
         whole = 0 < k and end < len(events)
         part = "" if whole else " (to the first peak)" if k == 0 else " (cut short)"
         line = (f"step {k + 1}{part}: {launches} launches; in {copied_in / GB:.1f} GB "
-                f"copied + {in_place / GB:.1f} GB in place, out {copied_out / GB:.1f} GB; floor {floor_ms:.0f} ms")
+                f"copied + {in_place / GB:.1f} GB in place, out {copied_out / GB:.1f} GB ({left / GB:.1f} GB left "
+                f"the device); PCIe {pcie_ms:.0f} ms, remapping {remap_ms:.0f} ms: floor {floor_ms:.0f} ms")
         if first is not None and after is not None:
             recorded_ms = (after - first) / 1e3
             line += f"; recorded {recorded_ms:.0f} ms"

@@ -18,9 +18,9 @@ U = 64 << 20  # the smallest large allocation
 
 
 def totals(events, device_bytes):
-    """(copied in, copied out, in place) over the whole trace, in units of U."""
+    """(copied in, copied out, in place, left the device) over the whole trace, in units of U."""
     costs = copy_floor.simulate(events, device_bytes)
-    return tuple(sum(c[i] for c in costs) / U for i in range(3))
+    return tuple(sum(c[i] for c in costs) / U for i in range(4))
 
 
 class Model(unittest.TestCase):
@@ -30,27 +30,27 @@ class Model(unittest.TestCase):
         # dropping B, which is not used again.
         events = [("a", 0, 2 * U, 0), ("u", 0, [0]), ("a", 1, 2 * U, 0), ("u", 1, [1]), ("u", 2, [0]),
                   ("f", 0), ("f", 1)]
-        self.assertEqual(totals(events, 3 * U), (1, 1, 0))
-        self.assertEqual(totals(events, 4 * U), (0, 0, 0), "everything fits")
+        self.assertEqual(totals(events, 3 * U), (1, 1, 0, 2), "B left too, dead: remapped, not copied")
+        self.assertEqual(totals(events, 4 * U), (0, 0, 0, 0), "everything fits")
 
     def test_the_part_used_again_furthest_ahead_goes_first(self):
         # C is used again after A: making room for B sends out C, not A.
         events = [("a", 0, U, 0), ("a", 1, U, 0), ("u", 0, [0, 1]), ("a", 2, U, 0), ("u", 1, [2]),
                   ("u", 2, [0]), ("u", 3, [1])]
         costs = copy_floor.simulate(events, 2 * U)
-        self.assertEqual(costs[4], (0, U, 0), "C (id 2)'s first use sends one out")
-        self.assertEqual(costs[5], (0, 0, 0), "A stayed: it is used next")
-        self.assertEqual(costs[6], (U, 0, 0), "B comes back; C, dead, leaves free")
+        self.assertEqual(costs[4], (0, U, 0, U), "C (id 2)'s first use sends one out")
+        self.assertEqual(costs[5], (0, 0, 0, 0), "A stayed: it is used next")
+        self.assertEqual(costs[6], (U, 0, 0, U), "B comes back; C, dead, leaves uncopied")
 
     def test_a_launch_larger_than_the_device_reads_the_rest_in_place(self):
         events = [("a", 0, 2 * U, 0), ("a", 1, 2 * U, 0), ("u", 0, [0, 1])]
-        self.assertEqual(totals(events, 3 * U), (0, 0, 1))
+        self.assertEqual(totals(events, 3 * U), (0, 0, 1, 0))
 
     def test_small_allocations_stay_and_push_large_ones_out(self):
         # What of A no longer fits beside them is read in place at its next use.
         small = U // 2
         events = [("a", 0, 2 * U, 0), ("u", 0, [0]), ("a", 1, small, 0), ("a", 2, small, 0), ("u", 1, [0])]
-        self.assertEqual(totals(events, 2 * U), (0, 1, 1))
+        self.assertEqual(totals(events, 2 * U), (0, 1, 1, 1))
 
     def test_steps_run_from_peak_to_peak(self):
         step = [("a", 0, 4 * U, 0), ("u", 0, [0]), ("f", 0), ("a", 0, U, 0), ("f", 0)]
@@ -81,8 +81,8 @@ class Command(unittest.TestCase):
         self.assertTrue(lines[0].startswith("device 0.2 GB"), lines)
         self.assertTrue(lines[1].startswith("step 1 (to the first peak): 1 launches;"), lines)
         # From B's allocation on: B's first use sends 1U of A out, A's second brings it back.
-        self.assertIn("step 2: 3 launches; in 0.1 GB copied + 0.0 GB in place, out 0.1 GB; floor 67 ms; "
-                      "recorded 1000 ms (14.90x the floor)", lines)
+        self.assertIn("step 2: 3 launches; in 0.1 GB copied + 0.0 GB in place, out 0.1 GB (0.1 GB left the device); "
+                      "PCIe 67 ms, remapping 3 ms: floor 67 ms; recorded 1000 ms (14.90x the floor)", lines)
         self.assertTrue(lines[5].startswith("step 5 (cut short): 2 launches"), lines)
         self.assertEqual(lines[6], "steady (steps 2 to 4, median): floor 67 ms")
 
