@@ -19,7 +19,9 @@
 // Prints BENCH evict_copy_{dtoh,htod,both_dtoh,both_htod,both_total} (GB/s);
 // evict_{map,set_access,unmap}_<chunk>_us_{idle,copying,streaming}, <chunk>
 // one of device_1GiB, host_numa_256MiB, host_plain_256MiB (the last where
-// _HOST chunks are made); evict_{map,set_access,unmap}_<host>_8x256MiB_us_<c>
+// _HOST chunks are made); for the host chunks, the same with the chunk
+// mapped and given access at another address all along,
+// evict_{map,set_access,unmap}_<host>_256MiB_mapped_elsewhere_us_{idle,copying}; evict_{map,set_access,unmap}_<host>_8x256MiB_us_<c>
 // (8 calls, summed) and evict_{set_access,unmap}_<host>_8x256MiB_once_us_<c>
 // (one call over 2 GiB), <c> idle or copying;
 // evict_remap_<host>_256MiB_<T>_threads_gbps_<c> (T threads at once each
@@ -264,11 +266,21 @@ struct Kind {
   bool optional;      // skipped where the driver does not make it
 };
 
-// Map, set access and unmap of the first chunk, in `condition`.
-bool time_one_chunk(const Kind& k, const Chunks& c, CUdevice device, const Condition& condition) {
+// Map, set access and unmap of the first chunk, in `condition`. With
+// `elsewhere`, the chunk stays mapped, with access, at a second address all
+// along (as a staging mapping the pool's copies use could): whether the
+// driver's cost of giving access is per mapping or per physical chunk.
+bool time_one_chunk(const Kind& k, const Chunks& c, CUdevice device, const Condition& condition,
+                    bool elsewhere = false) {
   std::vector<double> map, set_access, unmap;
   const CUmemAccessDesc access = device_access(device);
-  const std::string what = k.tier + "_" + k.chunk_name;
+  const std::string what = k.tier + "_" + k.chunk_name + (elsewhere ? "_mapped_elsewhere" : "");
+  CUdeviceptr staging = 0;
+  if (elsewhere && (!ok(cuMemAddressReserve(&staging, c.chunk, c.chunk, 0, 0), "cuMemAddressReserve") ||
+                    !ok(cuMemMap(staging, c.chunk, 0, c.handles[0], 0), "cuMemMap") ||
+                    !ok(cuMemSetAccess(staging, c.chunk, &access, 1), "cuMemSetAccess"))) {
+    return false;
+  }
   const bool good = repeat(what, condition, [&] {
     bool mapped = true, accessible = true, unmapped = true;
     const double m = micros([&] { return cuMemMap(c.va, c.chunk, 0, c.handles[0], 0); }, "cuMemMap", &mapped);
@@ -280,6 +292,10 @@ bool time_one_chunk(const Kind& k, const Chunks& c, CUdevice device, const Condi
     unmap.push_back(u);
     return accessible && unmapped;
   });
+  if (staging) {
+    cuMemUnmap(staging, c.chunk);
+    cuMemAddressFree(staging, c.chunk);
+  }
   const std::string suffix = "_us_" + std::string(condition.name);
   bench("map_" + what + suffix, median(map), "us");
   bench("set_access_" + what + suffix, median(set_access), "us");
@@ -583,6 +599,7 @@ int main() {
     }
     if (k.count > 1) {
       for (const Condition& condition : {idle, copying_condition}) {
+        good = good && time_one_chunk(k, c, device, condition, true);
         good = good && time_back_to_back(k, c, device, condition);
         for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
           good = good && time_parallel(k, c, threads, context, device, condition);
