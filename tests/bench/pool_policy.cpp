@@ -4,7 +4,7 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step]
+//               [--per-step] [--place-by-use]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
 //               [--max-steady-cached-free F] [--own-cost] TRACE...
@@ -34,6 +34,12 @@
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
 // a trace's peak ratio, or its mappings per allocation in the steady state,
 // exceed them (the policy is deterministic: regression guards, not timings).
+// --place-by-use places requests off the device as the shim does with
+// place_by_use (pool/uses.h), learning from the trace's use lines what each
+// launch referenced, in place of the placement the trace recorded; the
+// plan's trial times a step by the PCIe time of what its launches passed off
+// the device (at 51 GB/s, and 1 us a launch): the policy on a recorded job's
+// real uses, without a GPU. "gmem: report use/place" lines follow.
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
 // ordered free) on the accounting driver.
 #include <algorithm>
@@ -45,6 +51,7 @@
 #include <vector>
 
 #include "accounting_driver.h"
+#include "pool/access.h"
 #include "pool/tiers.h"
 #include "pool/uses.h"
 #include "pool/vmm_pool.h"
@@ -59,7 +66,7 @@ using gmem::accounting::now;
 double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1;
 std::size_t passes = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false;
+bool per_step = false, place_by_use = false;
 int misses_from = INT32_MAX;
 
 std::string gigabytes(uint64_t bytes) {
@@ -97,6 +104,20 @@ int replay(const std::string& path) {
   std::optional<gmem::pool::Tiers> tiers;
   if (host_memory || peer_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
   gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);
+  // With --place-by-use: what launches reference, fed from the use lines, and
+  // the placement learned from it; time is what the launches' passes take.
+  std::optional<gmem::pool::AccessTable> table;
+  std::optional<gmem::pool::Uses> uses;
+  int64_t clock_ns = 0;
+  if (place_by_use) {
+    if (trace->uses.empty()) {
+      fprintf(stderr, "pool-policy: %s: --place-by-use needs a trace with use lines\n", path.c_str());
+      return 1;
+    }
+    table.emplace(true);
+    pool.track_access(&*table);
+    uses.emplace(&*table, true);
+  }
   std::vector<CUdeviceptr> live(trace->ids, 0);
   std::vector<uint64_t> live_bytes(trace->ids, 0);
   uint64_t requested = 0;
@@ -124,26 +145,40 @@ int replay(const std::string& path) {
     if (i == steady_from) at_steady = accounts;
     if (i % events == 0) {
       // Allocations live at the end of a pass are freed before the next.
-      for (CUdeviceptr& ptr : live) {
-        if (ptr) pool.free_async(ptr, {nullptr, 1}, false, false);
-        ptr = 0;
+      for (std::size_t id = 0; id < live.size(); ++id) {
+        if (!live[id]) continue;
+        if (uses) uses->freed(live[id], live_bytes[id]);
+        pool.free_async(live[id], {nullptr, 1}, false, false);
+        live[id] = 0;
       }
       std::fill(live_bytes.begin(), live_bytes.end(), 0);
       requested = 0;
       next_use = 0;
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
+      uint64_t passed = 0;
+      std::optional<gmem::pool::LaunchReferences> refs;
+      if (table) refs.emplace(*table);
       for (uint32_t id : trace->uses[next_use].ids) {
         const gmem::pool::Split split = tiers ? tiers->split(live[id], live_bytes[id]) : gmem::pool::Split{};
-        step_passed += split.host + split.peer;
+        passed += split.host + split.peer;
+        if (refs) refs->word(live[id]);
       }
+      if (refs) refs->finish(nullptr);
+      step_passed += passed;
+      clock_ns += 1000 + int64_t(double(passed) / 51.0);  // 51 GB/s is 51 bytes a ns
     }
     allocs += e.alloc;
     steady_allocs += e.alloc && i >= steady_from;
     if (e.alloc) {
       gmem::pool::Block block;
       const uint64_t misses = pool.work(0).misses, maps = accounts.maps;
-      CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false, e.off_device);
+      const gmem::pool::Uses::Request use = uses ? uses->request(0, e.bytes) : gmem::pool::Uses::Request{};
+      CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false, uses ? use.off_device : e.off_device);
+      if (status == CUDA_SUCCESS && use.kind &&
+          uses->served(block.base, use, pool.figures(0).used, tiers && tiers->spilled(0), clock_ns, pool.work(0))) {
+        uses->peak(0, pool.device_room(0));
+      }
       if (status == CUDA_SUCCESS && step >= misses_from && pool.work(0).misses > misses) {
         const gmem::pool::Split placed = tiers ? tiers->split(block.base, block.size) : gmem::pool::Split{};
         printf("  miss: event %zu, id %u, %llu bytes (%llu asked off the device), stream %u: %llu on the host, "
@@ -161,6 +196,7 @@ int replay(const std::string& path) {
       live_bytes[e.id] = e.bytes;
       requested += e.bytes;
     } else {
+      if (uses) uses->freed(live[e.id], live_bytes[e.id]);
       pool.free_async(live[e.id], {nullptr, 1}, false, false);
       live[e.id] = 0;
       requested -= live_bytes[e.id];
@@ -215,6 +251,7 @@ int replay(const std::string& path) {
            "counts all of each allocation it references)\n",
            path.c_str(), gigabytes(steady_passed / steady_steps).c_str());
   }
+  if (uses) fputs(uses->report().c_str(), stdout);
   const auto figures = pool.figures(0);
   const double ratio = double(figures.reserved_high) / double(trace->peak_requested);
   printf("BENCH trace_%s_policy_peak_ratio %.4f ratio\n", name.c_str(), ratio);
@@ -313,6 +350,8 @@ int main(int argc, char** argv) {
       host_chunk = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--per-step") {
       per_step = true;
+    } else if (a == "--place-by-use") {
+      place_by_use = true;
     } else if (a == "--misses-from" && i + 1 < argc) {
       per_step = true;
       misses_from = std::atoi(argv[++i]);
@@ -339,7 +378,7 @@ int main(int argc, char** argv) {
   if (!traces) {
     fprintf(stderr,
             "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
-            "[--per-step] "
+            "[--per-step] [--place-by-use] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
             "[--max-last-step-maps M] [--max-steady-cached-free F] [--own-cost] TRACE...\n");
     return 2;

@@ -101,18 +101,23 @@ class PlacementReplay(unittest.TestCase):
     """A 64 MiB and a 1 GiB allocation a step on a 256 MiB device with a host
     tier: the large one lies mostly on the host."""
 
-    def passed(self, used):
-        events = []
-        for t in range(5):
-            events += [("a", 0, U, 0), ("a", 1, 16 * U, 0), ("u", t, [used]), ("f", 1), ("f", 0)]
-        done = run_on([POOL_POLICY, "--device-memory", str(4 * U), "--host-memory", str(64 * U), "--per-step"],
+    def replay(self, events, device, *args):
+        """Each step's GB passed off the device, and a steady step's, as pool-policy replays `events`."""
+        done = run_on([POOL_POLICY, "--device-memory", str(device), "--host-memory", str(64 * U), "--per-step", *args],
                       events)
         self.assertEqual(done.returncode, 0, done.stderr)
         steps = [float(g) for g in re.findall(r"launches passed ([0-9.]+) GB off the device", done.stdout)]
         steady = re.search(r"steady steps' launches passed ([0-9.]+) GB a step", done.stdout)
         self.assertGreaterEqual(len(steps), 3, done.stdout)
         self.assertTrue(steady, done.stdout)
-        return steps, float(steady.group(1))
+        return steps, float(steady.group(1)), done.stdout
+
+    def passed(self, used):
+        events = []
+        for t in range(5):
+            events += [("a", 0, U, 0), ("a", 1, 16 * U, 0), ("u", t, [used]), ("f", 1), ("f", 0)]
+        steps, steady, _ = self.replay(events, 4 * U)
+        return steps, steady
 
     def test_launches_of_what_lies_on_the_host_pass_its_host_bytes(self):
         steps, steady = self.passed(1)
@@ -120,6 +125,18 @@ class PlacementReplay(unittest.TestCase):
         self.assertEqual(steps[0], 0.0)
         self.assertTrue(all(0.75 <= s <= 1.08 for s in steps[1:]), steps)  # of 1.07 GB, at most 0.27 on the device
         self.assertEqual(steady, steps[-1])
+
+    def test_placing_by_use_learns_from_the_use_lines_to_keep_the_hot_allocation_on_the_device(self):
+        # A cold allocation (one launch a step) requested before a hot one (six):
+        # in the order requested the hot one spills; placed by use, the cold one.
+        events = []
+        for t in range(12):
+            events += [("a", 0, 8 * U, 0), ("a", 1, 9 * U, 0), ("u", t, [0])] + [("u", t, [1])] * 6
+            events += [("f", 1), ("f", 0)]
+        _, ordered, _ = self.replay(events, 12 * U)
+        _, placed, out = self.replay(events, 12 * U, "--place-by-use")
+        self.assertIn("gmem: report place", out)
+        self.assertGreater(ordered, 4 * placed, out)  # 2.08 against 0.40 GB
 
     def test_launches_of_what_lies_on_the_device_pass_nothing(self):
         steps, steady = self.passed(0)
