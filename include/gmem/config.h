@@ -112,8 +112,8 @@
   X(trace, file, "",                                                                 \
     "pool:vmm writes every request it serves to this file (%p: the process id) as an " \
     "allocation trace (tests/traces/README.md; each allocation with the bytes placed " \
-    "off the device by use), to be replayed without a GPU by pool-policy; empty: "    \
-    "none")                                                                            \
+    "off the device by use, and the large allocations each counted launch "         \
+    "referenced), to be replayed without a GPU by pool-policy; empty: none")           \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")
