@@ -9,8 +9,8 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     spill-train-peer, torch-default-lm, torch-default-losses) run only when
-#     named in full.
+#     spill-train-peer, spill-uses, torch-default-lm, torch-default-losses) run
+#     only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -542,6 +542,37 @@ if named spill-train-peer; then
     record spill-train-peer "python3 tests/gpu/spill_train.py --job gnn" "SKIPPED (needs 2 GPUs, found $gpus)"
   fi
 fi
+# What the spilled LM (2.1x) and GCN (2.3x) use, launch by launch: each run
+# with gmemd's host pool writes a trace with use lines (gzipped into
+# $out/spill-uses/), and tests/traces/copy_floor.py prints each step's floor
+# if the pool moved memory by copy, beside the step's time; pool-policy
+# --per-step (here, on the traces brought back) gives the placement's side.
+spill_uses() {
+  local dir=$out/spill-uses job size trace pool="" rc=0
+  mkdir -p "$dir"
+  if ! pgrep -x gmemd >/dev/null; then
+    setsid "$carry/bin/gmemd" --host-pool 100G >"$dir/gmemd.log" 2>&1 &
+    pool=$!
+    for _ in $(seq 120); do grep -q "pinned in" "$dir/gmemd.log" && break; sleep 1; done
+  fi
+  for job in lm:400 gnn:7300000; do
+    size=${job#*:}
+    job=${job%%:*}
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job "$job" --sizes "$size" --steps 5 \
+      --conf "host_budget:85%,trace:$dir/$job-%p.trace" || { rc=1; break; }
+    gzip -f "$dir/$job"-*.trace
+    for trace in "$dir/$job"-*.trace.gz; do
+      python3 tests/traces/copy_floor.py "$trace" || rc=1
+    done
+  done
+  [ -n "$pool" ] && kill "$pool"
+  return "$rc"
+}
+export -f spill_uses  # defined after the others were exported
+if named spill-uses; then
+  step spill-uses 580 spill_uses
+fi
+
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
 # step) at the tokens of lm 264 and 400 (about 1.6 and 2.1x an H100), against
 # the tokens of lm 128 in memory; 10 steps: each length twice.
