@@ -3,7 +3,6 @@
 #include "pool/access.h"
 
 #include "pool/trace_recorder.h"
-#include "pool/uses.h"
 
 namespace gmem::pool {
 
@@ -143,8 +142,6 @@ void AccessTable::wait_unmoved(const AccessRecord& record) {
 }
 
 // Each launch takes a new mark, so no mark is cleared between launches.
-const std::size_t LaunchReferences::traced_size = Uses::min_size;
-
 LaunchReferences::LaunchReferences(AccessTable& table, const void* function, TraceRecorder* trace)
     : table_(table), function_(function), trace_(trace), counts_(table.thread_counts()) {
   if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones

@@ -24,6 +24,11 @@ namespace gmem::pool {
 class AccessTable;
 class TraceRecorder;
 
+// Allocations of at least this size are followed one by one: placing by use
+// (pool/uses.h) and the trace's use lines (LaunchReferences) know them;
+// smaller ones live in slabs and small ranges, shared with others.
+inline constexpr std::size_t large_range = std::size_t{64} << 20;
+
 // One mapped pool range. Records are owned by their AccessTable and live as
 // long as it does: a record removed while a launch still counts into it is
 // reused later, never freed, so a reader never holds a dangling one (at worst
@@ -210,7 +215,6 @@ class LaunchReferences {
   uint64_t ranges() const { return ranges_; }
 
  private:
-  static const std::size_t traced_size;  // Uses::min_size
   void reference(AccessRecord& record, uint64_t address);
 
   const AccessTable& table_;
@@ -231,7 +235,7 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   if (counts.mark == mark_) return;
   counts.mark = mark_;
   ++ranges_;
-  if (trace_ && record.size() >= traced_size) large_.push_back(record.base());
+  if (trace_ && record.size() >= large_range) large_.push_back(record.base());
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
   if (!function_ || counts.function != function_ || offset <= counts.offset) {

@@ -48,9 +48,8 @@ namespace gmem::pool {
 
 class Uses {
  public:
-  // Allocations below this size are not followed (they live in slabs and
-  // small ranges, shared with others).
-  static constexpr std::size_t min_size = std::size_t{64} << 20;
+  // Allocations below this size are not followed.
+  static constexpr std::size_t min_size = large_range;
   // A job whose shapes vary makes new kinds every step: at twice this many,
   // those neither alive nor requested among the last max_kinds requests are
   // forgotten (with their figures).
