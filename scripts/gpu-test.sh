@@ -562,6 +562,8 @@ spill_uses() {
       --conf "host_budget:85%,trace:$dir/$job-%p.trace" || { rc=1; break; }
     gzip -f "$dir/$job"-*.trace
     for trace in "$dir/$job"-*.trace.gz; do
+      # Only the training process launches: others' traces (if any) have no use lines.
+      zgrep -q '^u ' "$trace" || continue
       python3 tests/traces/copy_floor.py "$trace" || rc=1
     done
   done
