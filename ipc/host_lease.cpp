@@ -85,11 +85,12 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
   if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, reply_timeout_ms) ||
       g->magic != host_pool::magic || g->version != host_pool::version || fds->size() != g->count) {
     fds::close_all(*fds);
-    if (!imported_.empty()) {
-      // gmemd is slow or answered nonsense while this job maps units it
-      // lent: closing would hand them to other jobs, which would then share
-      // their memory with this one. The connection stays, for giving units
-      // back; a late answer stays unread, and this job asks no more.
+    if (!imported_.empty() || !fds_.empty()) {
+      // gmemd is slow or answered nonsense while this job holds units it
+      // lent (mapped, or lent and not yet imported): closing would hand them
+      // to other jobs, which would then share their memory with this one.
+      // The connection stays, for giving units back; a late answer stays
+      // unread, and this job asks no more.
       log().warn("host pool on {}: no valid answer within {} ms; this job borrows no more and pins its own "
                  "host memory", socket_path_, reply_timeout_ms);
       off_ = true;

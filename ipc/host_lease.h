@@ -50,8 +50,8 @@ class HostLease {
   // Asks gmemd for a batch (under mutex_); false when none came.
   bool ask(vmm::Location where, std::size_t size);
   // Connects if not yet connected and sends `r` (under mutex_); the answer,
-  // false when none came: the connection is then closed, unless units lent
-  // on it are imported (closing would lend them again): then off_.
+  // false when none came: the connection is then closed, unless the job holds
+  // units lent on it, imported or not (closing would lend them again): then off_.
   bool exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds);
 
   const vmm::Driver& driver_;

@@ -57,15 +57,18 @@ class HostLease : public testing::Test {
     EXPECT_TRUE(gmem::fds::receive(gmemd_, &r, sizeof r, &none, timeout_ms));
     return r;
   }
-  // Answers a lend with one unit, numbered `number`.
-  void lend_one(uint32_t number) {
+  // Answers a lend with the units numbered `numbers`.
+  void lend(const std::vector<uint32_t>& numbers) {
     hp::Grant g;
-    g.count = 1;
+    g.count = static_cast<uint32_t>(numbers.size());
     g.unit = unit;
-    g.units[0] = number;
-    int fd = dup(STDERR_FILENO);  // any fd: the fake driver imports anything
-    EXPECT_TRUE(gmem::fds::send(gmemd_, &g, sizeof g, {fd}));
-    close(fd);
+    std::vector<int> fds;
+    for (std::size_t i = 0; i < numbers.size(); ++i) {
+      g.units[i] = numbers[i];
+      fds.push_back(dup(STDERR_FILENO));  // any fd: the fake driver imports anything
+    }
+    EXPECT_TRUE(gmem::fds::send(gmemd_, &g, sizeof g, fds));
+    gmem::fds::close_all(fds);
   }
   // Whether the job closed its connection within `ms`.
   bool closed_within(int ms) {
@@ -86,7 +89,7 @@ TEST_F(HostLease, AJobMappingBorrowedUnitsKeepsItsConnectionWhenAnAnswerIsLate) 
   gmem::vmm::Chunk chunk;
   std::thread job([&] { EXPECT_TRUE(lease.take(node, unit, &chunk, nullptr)); });
   EXPECT_EQ(next_request().op, hp::Op::lend);
-  lend_one(7);
+  lend({7});
   job.join();
   ASSERT_EQ(lease.borrowed_bytes(), unit);
 
@@ -97,7 +100,7 @@ TEST_F(HostLease, AJobMappingBorrowedUnitsKeepsItsConnectionWhenAnAnswerIsLate) 
   EXPECT_EQ(next_request().op, hp::Op::lend);
   job.join();
   EXPECT_FALSE(closed_within(200)) << "the job closed a connection on which it holds a unit";
-  lend_one(8);  // late: stays unread
+  lend({8});  // late: stays unread
   EXPECT_FALSE(lease.take(node, unit, &second, nullptr)) << "a job whose answers went astray asks no more";
   EXPECT_EQ(lease.lendable(unit), 0u);
 
@@ -107,6 +110,22 @@ TEST_F(HostLease, AJobMappingBorrowedUnitsKeepsItsConnectionWhenAnAnswerIsLate) 
   EXPECT_EQ(back.op, hp::Op::give_back);
   ASSERT_EQ(back.count, 1u);
   EXPECT_EQ(back.units[0], 7u);
+}
+
+// A unit lent but not imported yet is the job's too: it may import it later.
+TEST_F(HostLease, AJobHoldingALentUnitNotYetImportedKeepsItsConnectionWhenAnAnswerIsLate) {
+  gmem::ipc::HostLease lease(driver_, dir_ + "/pool.sock", 2);
+  gmem::vmm::Chunk chunk;
+  std::thread job([&] { EXPECT_TRUE(lease.take(gmem::vmm::Location::host_numa(0), unit, &chunk, nullptr)); });
+  EXPECT_EQ(next_request().op, hp::Op::lend);
+  lend({7, 8});
+  job.join();
+  lease.give_back(chunk.handle());  // none imported now; unit 8 is still held
+  EXPECT_EQ(next_request().op, hp::Op::give_back);
+  job = std::thread([&] { EXPECT_EQ(lease.lendable(unit), 0u); });
+  EXPECT_EQ(next_request().op, hp::Op::lend);
+  job.join();
+  EXPECT_FALSE(closed_within(200)) << "the job closed a connection on which it holds a lent unit";
 }
 
 TEST_F(HostLease, AJobHoldingNoUnitClosesAConnectionWhoseAnswerIsLate) {
