@@ -93,8 +93,10 @@ void Catalog::rescan_if_stale_locked() {
                (st.st_mtim.tv_sec != scanned_mtime_.tv_sec || st.st_mtim.tv_nsec != scanned_mtime_.tv_nsec);
   // A file still starting is read again at each request: its header's completion
   // changes no directory time (and a coarse clock may hide its creation).
-  bool starting = std::ranges::any_of(files_, [](const auto& kv) { return kv.second->info().state == FileState::starting; });
-  if (moved || starting || std::chrono::steady_clock::now() - scanned_ >= rescan_every_) rescan_locked();
+  auto starting = [&] {
+    return std::ranges::any_of(files_, [](const auto& kv) { return kv.second->info().state == FileState::starting; });
+  };
+  if (moved || std::chrono::steady_clock::now() - scanned_ >= rescan_every_ || starting()) rescan_locked();
 }
 
 std::vector<ProcessInfo> Catalog::processes(const Viewer& viewer) {
