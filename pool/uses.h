@@ -11,7 +11,8 @@
 // lacked at the peak (the spilled bytes of the large allocations alive then,
 // less what the device still had room for) go to the kinds alive at the peak
 // with the fewest passes over each allocation (pool/access.h), as a share of each of their
-// allocations' bytes, placed off the device when requested; only kinds passed
+// allocations' bytes (the whole of it where the rest is at most an 8th of
+// what the device lacked), placed off the device when requested; only kinds passed
 // over less than the average byte alive at the peak (what a spill in the
 // order requested would hit). Hot temporaries (not alive at the peak, or many
 // passes) keep the device. A wrong guess

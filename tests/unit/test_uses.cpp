@@ -176,6 +176,12 @@ TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasse
   Job more_room(true, 128 * mib);
   for (int i = 0; i < ordered_steps; ++i) more_room.step();
   EXPECT_EQ(more_room.step(), (Off{64 * mib, 0, 0}));
+  // Where the rest of A is at most an 8th of what the device lacked (8 of
+  // 120 MiB), A goes whole: a range partly on the device is made again each
+  // step, host chunks and all.
+  Job little_more_room(true, 72 * mib);
+  for (int i = 0; i < ordered_steps; ++i) little_more_room.step();
+  EXPECT_EQ(little_more_room.step(), (Off{128 * mib, 0, 0}));
   // Without place_by_use, every request wants the device first.
   Job figures_only(false, 64 * mib);
   for (int i = 0; i < ordered_steps; ++i) figures_only.step();
