@@ -81,10 +81,22 @@ class Command(unittest.TestCase):
         self.assertTrue(lines[0].startswith("device 0.2 GB"), lines)
         self.assertTrue(lines[1].startswith("step 1 (to the first peak): 1 launches;"), lines)
         # From B's allocation on: B's first use sends 1U of A out, A's second brings it back.
-        self.assertIn("step 2: 3 launches; in 0.1 GB copied + 0.0 GB in place, out 0.1 GB (0.1 GB left the device); "
+        self.assertIn("step 2: 3 launches; in 0.1 GB copied, out 0.1 GB (0.1 GB left the device); "
                       "PCIe 67 ms, remapping 3 ms: floor 67 ms; recorded 1000 ms (14.90x the floor)", lines)
         self.assertTrue(lines[5].startswith("step 5 (cut short): 2 launches"), lines)
         self.assertEqual(lines[6], "steady (steps 2 to 4, median): floor 67 ms")
+
+    def test_what_is_read_in_place_is_printed_apart_from_the_floor(self):
+        # Each step one launch references A and B, 4U on a device of 3U: 1U read in place.
+        steps = []
+        for k in range(4):
+            t = k * 1_000_000
+            steps += [("a", 0, 2 * U, 0), ("a", 1, 2 * U, 0), ("u", t, [0, 1]), ("f", 0), ("f", 1)]
+        done = self.run_on(steps, "--gbps", "1", comments=[f"device full: the pool held {3 * U} bytes of the device"])
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("step 2: 1 launches; in 0.0 GB copied, out 0.0 GB (0.0 GB left the device); PCIe 0 ms, "
+                      "remapping 0 ms: floor 0 ms; and at most 0.1 GB read in place, beyond the device (not in the "
+                      "floor); recorded 1000 ms", done.stdout.splitlines())
 
     def test_says_what_is_missing(self):
         events = [("a", 0, U, 0), ("u", 0, [0])]
