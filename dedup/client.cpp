@@ -62,8 +62,9 @@ bool Client::connected() {
   if (socket_ >= 0 && socket_pid_ != getpid()) socket_ = -1;  // the parent's: left to it
   int fd = fds::connect_to(socket_path_);
   if (fd < 0) {
-    log().warn("dedup: no broker answers on {} ({}); marked memory stays private. Start gmemd --dedup-socket {}",
-               socket_path_, strerror(errno), socket_path_);
+    log_message(LogLevel::warn,
+                "dedup: no broker answers on %s (%s); marked memory stays private. Start gmemd --dedup-socket %s",
+                socket_path_.c_str(), strerror(errno), socket_path_.c_str());
     return false;
   }
   socket_ = fd;
@@ -168,7 +169,8 @@ int Client::offer(CUdeviceptr base, Marked& m) {
     verdict.token = reply.token;
     verdict.equal = joined;
     if (!wire::send(socket_, verdict)) break;
-    if (result != GMEM_DEDUP_OK) log().warn("dedup: comparing with a candidate failed ({}); not merged", result);
+    if (result != GMEM_DEDUP_OK)
+      log_message(LogLevel::warn, "dedup: comparing with a candidate failed (%d); not merged", result);
   }
   // The broker went away mid-offer: the allocation stays on its own memory,
   // read-only, known to nobody.
@@ -262,9 +264,10 @@ CUresult Client::before_free(CUdeviceptr ptr) {
   // The freed range must not stay on shared memory in the pool's cache: it
   // gets memory of its own first (no copy), or the free fails and it stays.
   if (unshare(ptr, it->second, false, true) != GMEM_DEDUP_OK) {
-    log().error("dedup: the free of {:#x} fails: it maps shared memory, and private memory to put in its place "
-                "could not be had (CUresult {}); it stays allocated and read-only",
-                ptr, last_error);
+    log_message(LogLevel::error,
+                "dedup: the free of %#llx fails: it maps shared memory, and private memory to put in its place "
+                "could not be had (CUresult %d); it stays allocated and read-only",
+                static_cast<unsigned long long>(ptr), last_error);
     return last_error == CUDA_SUCCESS ? CUDA_ERROR_OUT_OF_MEMORY : static_cast<CUresult>(last_error);
   }
   marked_.erase(it);

@@ -69,8 +69,10 @@ DeviceHasher::Kernels DeviceHasher::kernels() {
   if (status == CUDA_SUCCESS) {
     it->second = k;
   } else {
-    log().warn("dedup: the embedded hash kernel does not load on this GPU (CUresult {}); content is hashed and "
-               "compared on the host, much slower", static_cast<int>(status));
+    log_message(LogLevel::warn,
+                "dedup: the embedded hash kernel does not load on this GPU (CUresult %d); content is hashed and "
+                "compared on the host, much slower",
+                static_cast<int>(status));
   }
   return it->second;
 }

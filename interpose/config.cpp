@@ -19,7 +19,7 @@ bool parse_value(std::string_view text, config_type::flag& out, std::string& exp
 
 bool parse_value(std::string_view text, config_type::level& out, std::string& expected) {
   static constexpr const char* names[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-  static_assert(std::size(names) == spdlog::level::n_levels);
+  static_assert(std::size(names) == std::size_t(LogLevel::off) + 1);
   expected = "one of trace, debug, info, warn, error, critical, off";
   for (std::size_t l = 0; l < std::size(names); ++l) {
     if (text == names[l]) {

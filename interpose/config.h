@@ -1,19 +1,18 @@
 // GMEM_CONF, parsed from the table in include/gmem/config.h.
 #pragma once
 
-#include <spdlog/common.h>
-
 #include <chrono>
 #include <string>
 
 #include "gmem/config.h"
+#include "gmem/internal/log.h"
 #include "pool/budget.h"
 
 namespace gmem {
 
 namespace config_type {
 using flag = bool;
-using level = spdlog::level::level_enum;
+using level = LogLevel;
 enum class source { driver, vmm };
 using path = std::string;
 using percent = double;

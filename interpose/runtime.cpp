@@ -44,8 +44,10 @@ std::unique_ptr<pool::Publisher> open_stats(const Config& config) {
   std::string error;
   auto publisher = pool::Publisher::create(config.stats_dir, getenv("GMEM_CONF"), &error);
   if (!publisher) {
-    log().warn("{}: the job runs, but gmemd cannot show it (set stats_dir in GMEM_CONF to a writable directory, "
-               "or stats:0)", error);
+    log_message(LogLevel::warn,
+                "%s: the job runs, but gmemd cannot show it (set stats_dir in GMEM_CONF to a writable directory, "
+                "or stats:0)",
+                error.c_str());
   }
   return publisher;
 }
@@ -85,7 +87,7 @@ void print_report() {
 // Dedup needs the VMM pool; it opens its socket at the first offer.
 void start_dedup(Runtime& rt) {
   if (!rt.pool->vmm()) {
-    log().warn("dedup:1 needs pool:vmm (only the VMM pool's memory can be shared); dedup is off");
+    log_message(LogLevel::warn, "dedup:1 needs pool:vmm (only the VMM pool's memory can be shared); dedup is off");
     return;
   }
   std::string socket = rt.config.dedup_socket.path.empty() ? dedup::wire::default_socket_path()
@@ -114,7 +116,7 @@ void start_trace(Runtime& rt) {
   std::string error;
   std::unique_ptr<pool::TraceRecorder> trace = pool::TraceRecorder::open(rt.config.trace.path, &error);
   if (!trace) {
-    log().error("trace: {}; no allocation trace is written", error);
+    log_message(LogLevel::error, "trace: %s; no allocation trace is written", error.c_str());
     return;
   }
   rt.pool->record_trace(std::move(trace));
@@ -136,20 +138,20 @@ void initialise() {
   ConfigResult parsed = parse_config(getenv("GMEM_CONF"));
   if (!parsed.error.empty()) stop_on_bad_config(parsed.error);
   rt->config = parsed.config;
-  log().set_level(rt->config.log_level);
+  set_log_level(rt->config.log_level);
 
   rt->real = open_real_driver();
   if (!rt->real.handle) {
     std::string tried;
     for (const auto& t : rt->real.tried) tried += "\n  " + t;
-    log().error(
-        "no real CUDA driver (libcuda.so.1) found, so every CUDA call fails as on a machine without "
-        "one. Install the NVIDIA driver, or set GMEM_REAL_LIBCUDA to its libcuda.so.1. Looked at:{}",
-        tried);
+    log_message(LogLevel::error,
+                "no real CUDA driver (libcuda.so.1) found, so every CUDA call fails as on a machine without "
+                "one. Install the NVIDIA driver, or set GMEM_REAL_LIBCUDA to its libcuda.so.1. Looked at:%s",
+                tried.c_str());
     for (unsigned i = 0; i < function_count; ++i) gmem_real_table[i] = reinterpret_cast<void*>(&no_driver);
     gmem_real_table[fn_cuInit] = reinterpret_cast<void*>(&no_driver_init);
   } else {
-    log().debug("real driver: {}", rt->real.path);
+    log_message(LogLevel::debug, "real driver: %s", rt->real.path.c_str());
     for (unsigned i = 0; i < function_count; ++i) {
       void* fn = dlsym(rt->real.handle, function_names[i]);
       gmem_real_table[i] = fn ? fn : reinterpret_cast<void*>(&missing_function);

@@ -34,8 +34,10 @@ std::optional<CUresult> Exporter::get_handle(CUipcMemHandle* handle, CUdeviceptr
   if (it == exports_.end()) {
     pool::VmmPool::Exported memory;
     if (CUresult status = pool_.export_allocation(block->base, &memory)) {
-      log().warn("cuIpcGetMemHandle({:#x}): memory that dedup shares read-only cannot be exported; "
-                 "gmem_dedup_unmark it first", ptr);
+      log_message(LogLevel::warn,
+                  "cuIpcGetMemHandle(%#llx): memory that dedup shares read-only cannot be exported; "
+                  "gmem_dedup_unmark it first",
+                  static_cast<unsigned long long>(ptr));
       return status;
     }
     Export e{++next_id_, memory.size, memory.offset, block->context, {}, {}};
@@ -72,7 +74,8 @@ bool Exporter::listening() {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || listen(fd, 64) != 0) {
-    log().error("cuIpcGetMemHandle: cannot listen on a unix socket for importers ({}); no handle given",
+    log_message(LogLevel::error,
+                "cuIpcGetMemHandle: cannot listen on a unix socket for importers (%s); no handle given",
                 strerror(errno));
     if (fd >= 0) close(fd);
     return false;

@@ -40,8 +40,8 @@ bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm
   const CUresult status = vmm::Chunk::import(driver_, fd, size, out, where, observer);
   close(fd);
   if (status != CUDA_SUCCESS) {
-    log().warn("host pool: importing a unit gmemd lent failed ({}); this job pins its own host memory",
-               static_cast<int>(status));
+    log_message(LogLevel::warn, "host pool: importing a unit gmemd lent failed (%d); this job pins its own host memory",
+                static_cast<int>(status));
     off_ = true;
     return false;
   }
@@ -76,8 +76,8 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
   if (socket_ < 0) {
     socket_ = fds::connect_to(socket_path_);
     if (socket_ < 0) {
-      log().debug("host pool: none answers on {} ({}); this job pins its own host memory", socket_path_,
-                  strerror(errno));
+      log_message(LogLevel::debug, "host pool: none answers on %s (%s); this job pins its own host memory",
+                  socket_path_.c_str(), strerror(errno));
       return false;
     }
     pid_ = getpid();
@@ -91,8 +91,10 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
       // to other jobs, which would then share their memory with this one.
       // The connection stays, for giving units back; a late answer stays
       // unread, and this job asks no more.
-      log().warn("host pool on {}: no valid answer within {} ms; this job borrows no more and pins its own "
-                 "host memory", socket_path_, reply_timeout_ms);
+      log_message(LogLevel::warn,
+                  "host pool on %s: no valid answer within %d ms; this job borrows no more and pins its own "
+                  "host memory",
+                  socket_path_.c_str(), reply_timeout_ms);
       off_ = true;
       return false;
     }
@@ -128,16 +130,19 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
     return false;
   }
   if (g.refusal == host_pool::Refusal::other_location) {
-    log().info("host pool on {}: gmemd pins on another NUMA node than this job's device ({}); it pins its own",
-               socket_path_, where.id);
+    log_message(LogLevel::info,
+                "host pool on %s: gmemd pins on another NUMA node than this job's device (%d); it pins its own",
+                socket_path_.c_str(), static_cast<int>(where.id));
     off_ = true;
     return false;
   }
   // Only chunks of the pool's unit are borrowed (a spill's smaller tail is not).
   if (!pool_unit_) {
     pool_unit_ = g.unit;
-    log().info("host pool on {} lends units of {} MiB; host chunks of other sizes are pinned by this job (its "
-               "unit is host_chunk)", socket_path_, g.unit >> 20);
+    log_message(LogLevel::info,
+                "host pool on %s lends units of %llu MiB; host chunks of other sizes are pinned by this job (its "
+                "unit is host_chunk)",
+                socket_path_.c_str(), static_cast<unsigned long long>(g.unit >> 20));
   }
   if (g.refusal == host_pool::Refusal::other_unit) return false;
   if (received.empty()) {

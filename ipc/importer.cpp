@@ -35,8 +35,10 @@ int connect_to(const Handle& h) {
 CUresult Importer::fetch(const Handle& handle, int device, Opened* out) {
   int connection = connect_to(handle);
   if (connection < 0) {
-    log().warn("cuIpcOpenMemHandle: process {}, which exported this memory of its device {}, does not answer on its "
-               "socket (it exited, or runs in another network namespace)", handle.pid, handle.device);
+    log_message(LogLevel::warn,
+                "cuIpcOpenMemHandle: process %u, which exported this memory of its device %u, does not answer on its "
+                "socket (it exited, or runs in another network namespace)",
+                handle.pid, handle.device);
     return CUDA_ERROR_INVALID_VALUE;
   }
   Request request;

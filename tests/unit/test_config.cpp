@@ -14,7 +14,7 @@ TEST(Config, EmptyOrNullGivesTheTableDefaults) {
     EXPECT_EQ(r.error, "");
     EXPECT_FALSE(r.config.disable);
     EXPECT_FALSE(r.config.report);
-    EXPECT_EQ(r.config.log_level, spdlog::level::warn);
+    EXPECT_EQ(r.config.log_level, LogLevel::warn);
   }
 }
 
@@ -23,15 +23,15 @@ TEST(Config, ReadsEveryKey) {
   ASSERT_EQ(r.error, "");
   EXPECT_TRUE(r.config.disable);
   EXPECT_TRUE(r.config.report);
-  EXPECT_EQ(r.config.log_level, spdlog::level::debug);
+  EXPECT_EQ(r.config.log_level, LogLevel::debug);
   EXPECT_EQ(parse_config("pool:vmm").config.pool, config_type::source::vmm);
   EXPECT_EQ(parse_config("").config.pool, config_type::source::vmm);
   EXPECT_EQ(parse_config("pool:driver").config.pool, config_type::source::driver);
   EXPECT_TRUE(parse_config("").config.torch_retry);
   EXPECT_FALSE(parse_config("torch_retry:0").config.torch_retry);
   EXPECT_EQ(parse_config("pool:heap").error, "bad value 'heap' for key 'pool' (expected driver or vmm)");
-  EXPECT_EQ(parse_config("log_level:off").config.log_level, spdlog::level::off);
-  EXPECT_EQ(parse_config("log_level:warn").config.log_level, spdlog::level::warn);
+  EXPECT_EQ(parse_config("log_level:off").config.log_level, LogLevel::off);
+  EXPECT_EQ(parse_config("log_level:warn").config.log_level, LogLevel::warn);
 }
 
 TEST(Config, UnknownKeyNamesTheValidKeys) {

@@ -1,20 +1,18 @@
-// The one logger of the shim, named "gmem", to stderr. Private to gmem.
+// The one logger of the shim, named "gmem", to stderr, at warn unless
+// configured. Private to gmem. printf-style: spdlog and fmt, header-only and
+// hidden, are compiled once, in log.cpp (each file that included them took
+// 25-40 s more to compile, under the sanitizers most of all).
 #pragma once
-
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 
 namespace gmem {
 
-// Never destroyed: messages stay possible from atexit handlers.
-inline spdlog::logger& log() {
-  static spdlog::logger* logger = [] {
-    auto* l = new spdlog::logger("gmem", std::make_shared<spdlog::sinks::stderr_sink_mt>());
-    l->set_pattern("gmem: [%l] %v");
-    l->set_level(spdlog::level::warn);
-    return l;
-  }();
-  return *logger;
-}
+// spdlog's levels, in its order.
+enum class LogLevel { trace, debug, info, warn, error, critical, off };
+
+// A message at `level` (not off): a printf format and its arguments.
+[[gnu::format(printf, 2, 3)]] void log_message(LogLevel level, const char* format, ...);
+
+// The least level written from now on (the configuration's log_level).
+void set_log_level(LogLevel level);
 
 }  // namespace gmem
