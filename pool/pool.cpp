@@ -110,7 +110,8 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     const Work after = vmm_->work(a.device);
     const bool made_range = after.misses > before.misses;
     const TraceRecorder::Made made{after.maps - before.maps, after.map_ns - before.map_ns, a.host_bytes,
-                                   made_range && busy_before && !busy()};
+                                   made_range && busy_before && !busy(),
+                                   made_range ? vmm_->last_missed(a.device) : Recall::Missed{}};
     trace_->allocated(block.base, a.size, stream, use.off_device, made_range ? &made : nullptr);
   }
   return CUDA_SUCCESS;

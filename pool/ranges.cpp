@@ -176,6 +176,27 @@ Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stre
   return nullptr;
 }
 
+Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, OffDevice off) {
+  using Why = Recall::Missed::Why;
+  Recall::Missed m;
+  Range* range = served.base ? at(served.base) : nullptr;
+  if (!served.base) return m;
+  if (!range || range->id != served.id) return m.why = Why::gone, m;
+  if (range->live) return m.why = Why::live, m;
+  std::vector<const Range*> holders;
+  for (const Piece* p : range->pieces) {
+    if (!p->holder) continue;
+    m.held += p->memory.size();
+    m.held_off += p->spilled ? p->memory.size() : 0;
+    if (std::find(holders.begin(), holders.end(), p->holder) == holders.end()) holders.push_back(p->holder);
+  }
+  m.holders = static_cast<uint32_t>(holders.size());
+  m.off_device = range->spilled_bytes();
+  if (m.off_device < off.least || m.off_device > off.most) return m.why = Why::placed, m;
+  m.why = m.held ? Why::held : ready(*range, stream) ? Why::untold : Why::waiting;
+  return m;
+}
+
 bool Ranges::droppable(Piece& piece, bool wait) {
   return order_.complete(piece.pending, wait) &&
          std::all_of(piece.ranges.begin(), piece.ranges.end(),

@@ -106,6 +106,8 @@ class Ranges {
   // range not placed by use), taken out of the cache with its chunks held;
   // else null.
   Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off, bool as_placed);
+  // Why the range `served` names does not serve a request on `stream` with `off`.
+  Recall::Missed missed(const Recall::Served& served, StreamId stream, OffDevice off);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the
   // frees that keep them are waited for.

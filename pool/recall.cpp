@@ -39,4 +39,25 @@ void Recall::unserve(uint64_t id) {
   last.back() = Served{};
 }
 
+std::string Recall::Missed::text() const {
+  switch (why) {
+    case Why::untold:
+      return "";
+    case Why::gone:
+      return "the request's last range was unmapped";
+    case Why::live:
+      return "the request's last range served another allocation";
+    case Why::placed:
+      return "the request's last range had " + std::to_string(off_device) + " bytes off the device";
+    case Why::held:
+      return "the request's last range had " + std::to_string(held) + " bytes (" + std::to_string(held_off) +
+             " off the device) in use through " + std::to_string(holders) + " other ranges";
+    case Why::waiting:
+      return "the request's last range was free, but not yet on its stream";
+    case Why::remade:
+      return "the request's last range, remade over the device's chunks idle all its life";
+  }
+  return "";
+}
+
 }  // namespace gmem::pool

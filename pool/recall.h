@@ -21,6 +21,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 
 namespace gmem::pool {
@@ -35,6 +36,25 @@ class Recall {
   struct Served {
     CUdeviceptr base = 0;
     uint64_t id = 0;
+  };
+
+  // Why the range that served a request last did not serve it again, where
+  // a range was made for it (written to traces: pool/trace_recorder.h).
+  struct Missed {
+    enum class Why : uint8_t {
+      untold,   // nothing served it before, or the device did not spill
+      gone,     // the range was unmapped (a chunk of it made again, or in too many ranges)
+      live,     // it serves another allocation
+      placed,   // its bytes off the device were not what the request takes
+      held,     // chunks of it are in use through other ranges
+      waiting,  // its chunks are free, but not yet for this stream
+      remade,   // it served, made again over the device's chunks idle all its last life
+    } why = Why::untold;
+    std::size_t off_device = 0;          // placed: its bytes off the device
+    std::size_t held = 0, held_off = 0;  // held: the bytes of its chunks in use, of them off the device
+    uint32_t holders = 0;                // held: the ranges using them
+    // In words ("the request's last range ..."); empty where untold.
+    std::string text() const;
   };
 
   // The key of a request of `rounded` bytes now.

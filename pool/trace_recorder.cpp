@@ -76,9 +76,11 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
   const uint32_t number = stream_number(stream);
   std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
   if (made) {
-    std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host%s\n",
+    std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host%s",
                  static_cast<unsigned long long>(made->maps), double(made->map_ns) / 1e6, made->host,
                  made->drained ? "; its stream ran out of work meanwhile" : "");
+    const std::string missed = made->missed.text();
+    std::fprintf(out_, "%s%s\n", missed.empty() ? "" : "; ", missed.c_str());
   }
   std::fflush(out_);
 }

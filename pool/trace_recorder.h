@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pool/clock.h"
+#include "pool/recall.h"
 #include "pool/stream_order.h"
 
 namespace gmem::pool {
@@ -34,11 +35,13 @@ class TraceRecorder {
   // The pool served `size` bytes at `base`, ordered on `stream` (0: none),
   // `off_device` of them placed off the device by use. Where it made a range
   // for it (`made`), a comment line follows: the chunks it mapped, the time
-  // that took, and the bytes that lie on the host (what a replay is compared with).
+  // that took, the bytes that lie on the host (what a replay is compared
+  // with), and why the range that served the same request last did not.
   struct Made {
     uint64_t maps = 0, map_ns = 0;
     std::size_t host = 0;
     bool drained = false;  // the allocation's stream had work before and none after
+    Recall::Missed missed;
   };
   void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
                  const Made* made = nullptr);

@@ -194,8 +194,9 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   const uint64_t key = recall.key(rounded);
   const bool as_placed = spills && !off_device && tiers_->held(device).peer;
   Range* r = nullptr;
+  Recall::Last last{};
   if (spills) {
-    const Recall::Last last = recall.last(key);
+    last = recall.last(key);
     r = ranges_.take_recalled(device, last, stream, off, false);
     if (!r && as_placed) r = ranges_.take_recalled(device, last, stream, off, true);
     if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any(), false);
@@ -216,12 +217,14 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
                          ? stitcher_.remake(*r, rounded, stream)
                          : nullptr) {
     ++b.work.misses;
+    missed_[device] = {Recall::Missed::Why::remade};
     r = fresh;
     r->blocks.resize(1);
   } else if (r) {
     ++b.work.hits;
   } else {
     ++b.work.misses;
+    missed_[device] = ranges_.missed(last[0], stream, off);
     if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
     r->blocks.resize(1);
   }
@@ -327,6 +330,12 @@ Work VmmPool::work(int device) const {
   std::lock_guard lock(mutex_);
   const Book* b = books_.find(device);
   return b ? b->work : Work{};
+}
+
+Recall::Missed VmmPool::last_missed(int device) const {
+  std::lock_guard lock(mutex_);
+  const Recall::Missed* m = missed_.find(device);
+  return m ? *m : Recall::Missed{};
 }
 
 uint64_t VmmPool::event_queries() const {

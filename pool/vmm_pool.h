@@ -70,6 +70,9 @@ class VmmPool {
   Figures figures(int device) const;
   using Work = pool::Work;
   Work work(int device) const;
+  // Why the last range made on `device` was made: what kept the range that
+  // served the same request last from serving it (while the device spills).
+  Recall::Missed last_missed(int device) const;
   // The devices the pool has served.
   std::vector<int> devices() const;
   // Events queried to learn whether a free has completed, on all devices.
@@ -271,6 +274,7 @@ class VmmPool {
   Slabs slabs_;
   Stitcher stitcher_;
   PerDevice<Recall> recall_;
+  PerDevice<Recall::Missed> missed_;
   struct Steps {
     StepEnds ends;
     uint64_t began = 0;   // Pieces::handed_out at the last end

@@ -181,11 +181,14 @@ int replay(const std::string& path) {
       }
       if (status == CUDA_SUCCESS && step >= misses_from && pool.work(0).misses > misses) {
         const gmem::pool::Split placed = tiers ? tiers->split(block.base, block.size) : gmem::pool::Split{};
-        printf("  miss: event %zu, id %u, %llu bytes (%llu asked off the device), stream %u: %llu on the host, "
-               "%llu mappings; %.2f GB requested\n",
-               i % events, e.id, static_cast<unsigned long long>(e.bytes), static_cast<unsigned long long>(e.off_device),
-               e.stream, static_cast<unsigned long long>(placed.host),
-               static_cast<unsigned long long>(accounts.maps - maps), double(requested + e.bytes) / 1e9);
+        const std::string missed = pool.last_missed(0).text();
+        printf(
+            "  miss: event %zu, id %u, %llu bytes (%llu asked off the device), stream %u: %llu on the host, "
+            "%llu mappings; %.2f GB requested%s%s\n",
+            i % events, e.id, static_cast<unsigned long long>(e.bytes), static_cast<unsigned long long>(e.off_device),
+            e.stream, static_cast<unsigned long long>(placed.host),
+            static_cast<unsigned long long>(accounts.maps - maps), double(requested + e.bytes) / 1e9,
+            missed.empty() ? "" : "; ", missed.c_str());
       }
       if (status != CUDA_SUCCESS) {
         fprintf(stderr, "pool-policy: %s: event %zu: %llu bytes: error %d\n", path.c_str(), i % events,

@@ -150,6 +150,22 @@ class PlacementReplay(unittest.TestCase):
         self.assertIn("gmem: report place", out)
         self.assertGreater(ordered, 4 * placed, out)  # 2.08 against 0.40 GB
 
+    def test_a_miss_says_why_the_requests_last_range_did_not_serve(self):
+        # A spilled 1 GiB allocation lives all step; X (128 MiB) is made on
+        # the host while the device is full, freed, and asked for again: its
+        # last range lies off the device, where a request not placed by use
+        # takes only the device's memory, so a range is made again.
+        events = []
+        for _ in range(3):
+            events += [("a", 0, 16 * U, 0), ("a", 2, 2 * U, 0), ("f", 2), ("a", 3, 3 * U, 0), ("a", 2, 2 * U, 0),
+                       ("f", 3), ("f", 2), ("f", 0)]
+        done = run_on([POOL_POLICY, "--device-memory", str(4 * U), "--host-memory", str(64 * U), "--per-step",
+                       "--misses-from", "0"], events)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        out = done.stdout
+        self.assertIn(f"miss: event 4, id 2, {2 * U} bytes (0 asked off the device), stream 0: {2 * U} on the host, "
+                      f"1 mappings; 1.41 GB requested; the request's last range had {2 * U} bytes off the device", out)
+
     def test_launches_of_what_lies_on_the_device_pass_nothing(self):
         steps, steady = self.passed(0)
         self.assertEqual(steps, [0.0] * len(steps))

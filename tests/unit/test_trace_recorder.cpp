@@ -24,15 +24,17 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     const gmem::pool::StreamId legacy = reinterpret_cast<gmem::pool::StreamId>(CU_STREAM_LEGACY);
     trace->allocated(0x1000, 100, 0, 0);
     // A stream of its own, part placed off the device, and a range made for it.
-    const TraceRecorder::Made made{3, 2'500'000, std::size_t{64} << 20};
+    const TraceRecorder::Made made{3, 2'500'000, std::size_t{64} << 20, false, {}};
     trace->allocated(0x2000, 200 << 20, 77, 64 << 20, &made);
     trace->freed(0x1000);
     trace->allocated(0x3000, 50, legacy, 0);  // takes id 0 again, on stream 0
     trace->freed(0x9000);                     // never allocated: not written
     trace->allocated(0x4000, 60, 88, 0);      // another stream
     trace->freed(0x2000);
-    // A range made while the GPU ran out of work.
-    const TraceRecorder::Made drained{2, 1'000'000, 0, true};
+    // A range made while the GPU ran out of work, the request's last range
+    // being held by two others.
+    using Why = gmem::pool::Recall::Missed::Why;
+    const TraceRecorder::Made drained{2, 1'000'000, 0, true, {Why::held, 0, 6 << 20, 2 << 20, 2}};
     trace->allocated(0x5000, 300 << 20, 0, 0, &drained);
     trace->device_full(std::size_t{78} << 30);
     trace->device_full(std::size_t{77} << 30);  // said once
@@ -46,7 +48,9 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_NE(text.find("a 1 209715200 1 67108864\n# made: 3 mappings in 2.5 ms, 67108864 bytes on the host\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("# made: 2 mappings in 1.0 ms, 0 bytes on the host; its stream ran out of work meanwhile\n"),
+  EXPECT_NE(text.find("# made: 2 mappings in 1.0 ms, 0 bytes on the host; its stream ran out of work meanwhile; "
+                      "the request's last range had 6291456 bytes (2097152 off the device) in use through 2 other "
+                      "ranges\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("# device full: the pool held 83751862272 bytes of the device\n"), std::string::npos) << text;
