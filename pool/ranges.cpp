@@ -179,8 +179,8 @@ Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stre
 Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, OffDevice off) {
   using Why = Recall::Missed::Why;
   Recall::Missed m;
-  Range* range = served.base ? at(served.base) : nullptr;
   if (!served.base) return m;
+  Range* range = at(served.base);
   if (!range || range->id != served.id) return m.why = Why::gone, m;
   if (range->live) return m.why = Why::live, m;
   std::vector<const Range*> holders;

@@ -45,8 +45,10 @@ void log_message(LogLevel level, const char* format, ...) {
   va_end(args);
 }
 
-static_assert(int(LogLevel::trace) == spdlog::level::trace && int(LogLevel::warn) == spdlog::level::warn &&
-              int(LogLevel::error) == spdlog::level::err && int(LogLevel::off) == spdlog::level::off);
+static_assert(int(LogLevel::trace) == spdlog::level::trace && int(LogLevel::debug) == spdlog::level::debug &&
+              int(LogLevel::info) == spdlog::level::info && int(LogLevel::warn) == spdlog::level::warn &&
+              int(LogLevel::error) == spdlog::level::err && int(LogLevel::critical) == spdlog::level::critical &&
+              int(LogLevel::off) == spdlog::level::off);
 
 void set_log_level(LogLevel level) { logger().set_level(static_cast<spdlog::level::level_enum>(level)); }
 
