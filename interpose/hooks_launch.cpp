@@ -8,6 +8,7 @@
 // `extra` form carries its parameter buffer whole. A launch on a capturing
 // stream is kept for its graph and counted at the graph's launches
 // (interpose/graph_access.h).
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -190,6 +191,22 @@ const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& 
   return found;
 }
 
+// With Pool::brings_in: the ranges a launch references that lie in host
+// memory (Pool::bring_in_least bytes or more) come onto the device before it
+// is submitted, as far as the device has room.
+void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
+              void** extra) {
+  std::vector<const gmem::pool::AccessRecord*> spilled;
+  visit_words(f, params, extra, [&](uint64_t word) {
+    const gmem::pool::AccessRecord* r = table.find(word);
+    if (r && r->host_bytes() >= gmem::pool::Pool::bring_in_least &&
+        std::find(spilled.begin(), spilled.end(), r) == spilled.end()) {
+      spilled.push_back(r);
+    }
+  });
+  pool.bring_in(spilled);
+}
+
 // A submitting `call`, gated; `counted` once the driver took it, with the
 // access table, where launches are tracked. A kernel launch (`launch`) passes
 // the gate while ranges move, and waits for the moving range `moving` finds
@@ -217,6 +234,9 @@ CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
 
 template <typename Call>
 CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
+  if (gmem::pool::Pool* pool = gmem::active_pool(); pool && pool->brings_in() && pool->access()->counting()) {
+    bring_in(*pool, *pool->access(), f, params, extra);
+  }
   return submit(
       true, [&](const gmem::pool::AccessTable& table) { return moving_reference(table, f, params, extra); }, call,
       [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "pool/evictor.h"
@@ -123,27 +124,65 @@ void Mover::run() {
   }
 }
 
+bool Mover::capturing() const { return settings_.capturing && settings_.capturing(); }
+
+bool Mover::pause(const std::vector<CUcontext>& contexts) {
+  Submissions& gate = *settings_.submissions;
+  if (capturing() || !gate.stop()) return false;
+  // No submitting call runs now; what was submitted before is waited for
+  // (not while a capture runs: a sync would break it).
+  bool synced = !capturing();
+  for (CUcontext context : contexts) {
+    // One that cannot be made current has no work left to wait for.
+    if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
+    synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  if (synced) return gate.hold();  // false: a held caller reopened it
+  gate.resume();
+  return false;
+}
+
+std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext context) {
+  if (bases.empty()) return 0;
+  const int64_t paused_at = now_ns();
+  const bool held = pause(vmm_.contexts());
+  std::size_t brought = 0, ranges = 0;
+  std::vector<Block> blocks;
+  if (held && driver_.cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
+    for (CUdeviceptr base : bases) {
+      VmmPool::Move move;
+      if (!vmm_.plan_move(base, false, &move)) continue;
+      // The copies run on the legacy stream: nothing else runs now.
+      const bool done = vmm_.carry_out(move, nullptr) == CUDA_SUCCESS;
+      vmm_.finish_move(move, done);
+      if (!done) continue;
+      brought += move.bytes;
+      ++ranges;
+      if (std::optional<Block> block = vmm_.find(base); block && block->size) blocks.push_back(*block);
+    }
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  if (held) settings_.submissions->resume();
+  const int64_t paused = now_ns() - paused_at;
+  if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  std::lock_guard lock(mutex_);
+  if (held) {
+    work_.paused_ns += paused;
+    work_.brought_in += ranges;
+    work_.brought_in_bytes += brought;
+  }
+  return brought;
+}
+
 void Mover::round(std::chrono::nanoseconds idle) {
-  const auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
   const int64_t idle_since = now_ns() - idle.count();
   const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
   if (devices.empty() || capturing()) return;
-  Submissions& gate = *settings_.submissions;
   const int64_t paused_at = now_ns();
-  bool held = false;
-  if (gate.stop()) {
-    // No submitting call runs now; what was submitted before is waited for
-    // (not while a capture runs: a sync would break it).
-    bool synced = !capturing();
-    for (CUcontext context : vmm_.contexts()) {
-      // One that cannot be made current has no work left to wait for.
-      if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
-      synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
-      CUcontext popped = nullptr;
-      driver_.cuCtxPopCurrent_v2(&popped);
-    }
-    held = synced && gate.hold();
-  }
+  const bool held = pause(vmm_.contexts());
   std::vector<Block> blocks;
   if (held) {
     for (const VmmPool::Movable& m : devices) {
@@ -153,7 +192,7 @@ void Mover::round(std::chrono::nanoseconds idle) {
       driver_.cuCtxPopCurrent_v2(&popped);
     }
   }
-  gate.resume();
+  if (held) settings_.submissions->resume();
   const int64_t paused = now_ns() - paused_at;
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
   std::lock_guard lock(mutex_);

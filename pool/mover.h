@@ -69,6 +69,15 @@ class Mover final : public SpillObserver {
   // pool's lock): starts the thread the first time.
   void spilled() override;
   void stop();
+  // Brings the spilled memory of the live ranges at `bases`, of `context`'s
+  // device, onto the device now, on the calling thread (a launch about to
+  // reference them: Pool::bring_in), which must be in no gated call. As a
+  // round does: the program's calls pause, the context is synchronized, and
+  // each range's spilled chunks are copied into device chunks (free ones,
+  // then new ones within the device's budget) and remapped at the same
+  // addresses. Nothing moves while a capture runs or another move is under
+  // way. The bytes brought in.
+  std::size_t bring_in(const std::vector<CUdeviceptr>& bases, CUcontext context);
   // In a forked child the thread did not come along: the object is never
   // touched again.
   void forget_thread();
@@ -77,6 +86,7 @@ class Mover final : public SpillObserver {
     uint64_t rounds = 0;     // pauses that moved memory
     uint64_t abandoned = 0;  // pauses given up (calls in flight, or a held caller out of patience)
     uint64_t paused_ns = 0;  // the gate closed, over all pauses
+    uint64_t brought_in = 0, brought_in_bytes = 0;  // ranges and bytes bring_in moved
   };
   Work work() const;
 
@@ -85,6 +95,12 @@ class Mover final : public SpillObserver {
   // Moves what fits, where the pool's free device chunks unused for `idle`
   // count as room (as long as spills had to stop).
   void round(std::chrono::nanoseconds idle);
+  // Closes the gate and synchronizes `contexts` (the pool's, with null);
+  // true if the gate is then held (resume() opens it), false if the program's
+  // calls would not let it close or a capture runs (the gate is open again,
+  // or was never closed).
+  bool pause(const std::vector<CUcontext>& contexts);
+  bool capturing() const;
   std::chrono::nanoseconds quiet_needed() const;  // under mutex_
 
   VmmPool& vmm_;

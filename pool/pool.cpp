@@ -124,6 +124,22 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
   }
 }
 
+void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
+  if (!bring_in_ || spilled.empty() || quiet()) return;
+  const std::optional<Block> first = vmm_->find(spilled.front()->base());
+  if (!first || !first->context) return;
+  if (!uses_.brings_in(first->device)) return;
+  std::size_t room = vmm_->device_room(first->device);
+  std::vector<CUdeviceptr> bases;
+  for (const AccessRecord* r : spilled) {
+    const std::size_t host = r->host_bytes();
+    if (r->device() != first->device || host > room) continue;
+    room -= host;
+    bases.push_back(r->base());
+  }
+  mover_->bring_in(bases, first->context);
+}
+
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {
   if (vmm_) return alloc_pooled(dptr, describe(0, size, Kind::device, nullptr), 0, spill_veto_);
   CUresult status = driver_.cuMemAlloc_v2(dptr, size);

@@ -62,7 +62,14 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   return true;
 }
 
-void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
+bool Uses::brings_in(int device) const {
+  if (!place_) return true;
+  std::lock_guard lock(mutex_);
+  const auto it = devices_.find(device);
+  return it != devices_.end() && (it->second.bring_in == BringIn::trying || it->second.bring_in == BringIn::kept);
+}
+
+void Uses::stepped(Device& d, int64_t now_ns, const Work& work) const {
   const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
   d.step_ns = now_ns;
   d.last_step = {.misses = work.misses - d.at_step.misses,
@@ -92,6 +99,21 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
     case Trial::kept:
     case Trial::dropped:
     case Trial::peer:
+      break;
+  }
+  switch (d.bring_in) {
+    case BringIn::untried:
+      if (bring_in_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.bring_in = BringIn::trying;
+      break;
+    case BringIn::trying:
+      if (++d.bring_in_steps == 2) {  // the first step that brings in settles it
+        d.bring_in_ns = step;
+        const int64_t before = d.trial == Trial::kept ? d.planned_ns : d.ordered_ns;
+        d.bring_in = step * 20 <= before * 19 ? BringIn::kept : BringIn::dropped;
+      }
+      break;
+    case BringIn::kept:
+    case BringIn::dropped:
       break;
   }
 }
@@ -227,12 +249,14 @@ std::string Uses::report_plan(std::size_t most) const {
   char buf[512];
   for (const auto& [device, d] : devices_) {
     static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped", "peer"};
+    static constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
-             "planned_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "
+             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "
              "last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu last_step_slow_map_ms=%.1f\n",
              device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
-             double(d.planned_ns) / 1e6, double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
+             double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
+             double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),
              double(d.last_step.slow_map_ns) / 1e6);

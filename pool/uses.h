@@ -26,6 +26,16 @@
 // is kept only if that step is at least 5% shorter. report:1 prints the
 // figures by size, and the plan and its trial, at exit.
 //
+// Bringing a launch's spilled references onto the device first where it has
+// room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
+// is over: two steps with it (the first settles), kept only if the second is
+// at least 5% shorter than the step the plan's trial kept. It pays where a
+// kernel runs over host memory far slower than the link (the GCN's
+// index_put_, reading its source in the order of a sorted index, ran at a
+// quarter of it), and costs where the room it takes was wanted by the next
+// requests (the LM's steps took 1.7x as long). Without place_by_use, steps
+// are not timed, and bring_in, where on, brings in at every launch.
+//
 // No plan once a peer holds part of a device's peak: what leaves the device
 // goes to a peer before the host whatever the plan, and runs there at about
 // the device's speed, so a plan (which chooses only what leaves the device)
@@ -58,6 +68,8 @@ class Uses {
 
   // Without `place`, figures only (every request wants the device first).
   explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
+  // Bringing in is on (set once, before use): with place_by_use, its trial follows the plan's.
+  void try_bring_in() { bring_in_ = place_; }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -88,6 +100,11 @@ class Uses {
   // The allocation at `base` is about to be freed: its counts join its kind's.
   void freed(CUdeviceptr base, std::size_t size);
 
+  // Whether launches on `device` should bring their spilled references in
+  // now (with bring_in on): always without place_by_use; else while it is
+  // tried, and after if it was kept.
+  bool brings_in(int device) const;
+
   // The figures of one size (zero if never freed).
   Figures of(std::size_t size) const;
   // "gmem: report use ..." lines: the `most` sizes with the most bytes freed
@@ -113,6 +130,8 @@ class Uses {
   // The trial of the plan: steps in the order requested, then with the plan
   // (its shares in force), then kept or dropped for good; or no plan (peer).
   enum class Trial { ordered, planned, kept, dropped, peer };
+  // Bringing in (bring_in): waiting for the plan's verdict, on trial, then kept or dropped.
+  enum class BringIn { untried, trying, kept, dropped };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_used = 0;
@@ -124,13 +143,16 @@ class Uses {
     int steps = 0;           // steps timed in this phase of the trial
     int64_t ordered_ns = 0;  // the shortest step in the order requested
     int64_t planned_ns = 0;  // the step with the plan
+    BringIn bring_in = BringIn::untried;
+    int bring_in_steps = 0;  // timed in its trial
+    int64_t bring_in_ns = 0;  // the step that brought in
     Work at_step;            // the pool's work when the last step reached its peak
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
   };
-  // One step reached its peak at `now_ns`, the pool's work then `work`: the trial goes on.
-  static void stepped(Device& d, int64_t now_ns, const Work& work);
+  // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
+  void stepped(Device& d, int64_t now_ns, const Work& work) const;
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;
@@ -142,6 +164,7 @@ class Uses {
 
   AccessTable* const table_;
   const bool place_;
+  bool bring_in_ = false;
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;
   uint64_t requests_ = 0;  // large requests so far

@@ -255,9 +255,13 @@ class VmmPool {
   // waiting); null if none.
   Range* settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr);
   // plan_move: chunks that add up to `size`, to the spill tiers or the
-  // device, chosen (free ones whose frees completed first); false (and none
-  // chosen) if they cannot be had.
+  // device, chosen (free ones whose frees completed first; to the device,
+  // larger free ones go back to the driver where its budget is held); false
+  // (and none chosen) if they cannot be had.
   bool choose_move_chunks(int device, std::size_t size, bool to_host, std::vector<Piece*>* out);
+  // The smallest free device chunk larger than `size` whose free completed
+  // and that may go back to the driver (with the ranges it is mapped in); null if none.
+  Piece* larger_idle_device_piece(int device, std::size_t size);
   std::vector<Piece*> idle_device_pieces(int device, int64_t idle_since_ns);
 
   const vmm::Driver& driver_;

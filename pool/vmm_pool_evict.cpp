@@ -28,6 +28,14 @@ Range* VmmPool::settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr) {
   return range;
 }
 
+Piece* VmmPool::larger_idle_device_piece(int device, std::size_t size) {
+  for (auto it = pieces_.free(device).upper_bound({size, UINT64_MAX}); it != pieces_.free(device).end(); ++it) {
+    Piece* p = it->second;
+    if (!p->spilled && order_.complete(p->pending, false) && ranges_.droppable(*p, false)) return p;
+  }
+  return nullptr;
+}
+
 bool VmmPool::choose_move_chunks(int device, std::size_t size, bool to_host, std::vector<Piece*>* out) {
   FreePieces& free = pieces_.free(device);
   const std::size_t granularity = books_[device].granularity;
@@ -54,6 +62,12 @@ bool VmmPool::choose_move_chunks(int device, std::size_t size, bool to_host, std
       const std::size_t want = to_host ? std::min(need, std::bit_floor(need / granularity) * granularity) : need;
       const Pieces::Where where = to_host ? Pieces::Where::off_device : Pieces::Where::device;
       ok = pieces_.make(device, want, where, &piece) == CUDA_SUCCESS;
+      // The device's budget may be held by free chunks too large to take:
+      // they go back to the driver, the smallest first, until a new one fits.
+      for (Piece* larger; !ok && !to_host && (larger = larger_idle_device_piece(device, need));) {
+        ranges_.drop(*larger);
+        ok = pieces_.make(device, want, where, &piece) == CUDA_SUCCESS;
+      }
       if (ok && (piece->memory.size() > need || piece->spilled != to_host)) {
         pieces_.set_free(*piece);  // kept: it serves another request
         ok = false;

@@ -87,6 +87,12 @@
     "moved first, once room opens; a launch waits only for a range while it moves. " \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
+  X(bring_in, flag, "0",                                                             \
+    "1: with pool:vmm, track_access and migrate_after_ms (not evict), a kernel "      \
+    "launch whose parameters reference a large allocation lying partly in host "      \
+    "memory waits while that memory is copied onto the device, where the device "    \
+    "has room for it (free chunks, or its budget); the program's calls pause "       \
+    "meanwhile, as for migrate_after_ms. Off by default")                              \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \

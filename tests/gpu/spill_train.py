@@ -66,12 +66,12 @@ def step_times(args):
     """The step-time mode: the table and the BENCH lines; exit status."""
     sizes = sorted(set(int(s) for s in args.sizes))
     failed = []
-    ref, ref_ms = (int(args.reference) if args.reference else None), None
+    ref, ref_ms, ref_ops = (int(args.reference) if args.reference else None), None, None
     if ref:
         r = sweep.attempt(args, args.reference_setting, ref)
         print(f"reference {args.reference_setting} {args.job} {ref}: " + describe(r), flush=True)
         if r["ok"]:
-            ref_ms, ref_gpu = r["step_ms"], r["gpu"]
+            ref_ms, ref_gpu, ref_ops = r["step_ms"], r["gpu"], r.get("op_ms")
         else:
             failed.append(f"the reference {ref} under {args.reference_setting}")
     runs = {}
@@ -128,6 +128,8 @@ def step_times(args):
                       f"{device / GB:.1f} GB of it the device's chunks")
             if "spilled_sample" in r:
                 print(spilled_line(size, r))
+            if "op_ms" in r:
+                print(op_lines(r["op_ms"], ref_ops and {k: ms * size / ref for k, (_, ms) in ref_ops.items()}))
             if r["report"]:
                 print("```\n" + "\n".join(r["report"]) + "\n```")
     print()
@@ -230,6 +232,21 @@ def spilled_line(size, r):
             f"{t['gmem_cached_free_bytes'] / GB:.1f} GB")
 
 
+def op_lines(ops, scaled, shown=12):
+    """The ops of the run's extra step (--op-times) that took the most GPU
+    time, as a markdown table, beside the reference's time for the same op
+    scaled to size (`scaled`: {op: ms}, or None)."""
+    total = sum(ms for _, ms in ops.values())
+    lines = [f"\nops by GPU time in one more step ({total:.0f} ms in {sum(c for c, _ in ops.values())} ops; "
+             "in-memory scaled: the reference's time for the op x size / reference):\n",
+             "| op | calls | ms | share | in-memory scaled (ms) | x |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, (calls, ms) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:shown]:
+        ref = scaled.get(name) if scaled else None
+        lines.append(f"| {name} | {calls} | {ms:.1f} | {ms / total:.1%} | "
+                     + (f"{ref:.1f} | {ms / ref:.1f} |" if ref else "| |"))
+    return "\n".join(lines)
+
+
 def describe(r):
     """One run in a few words."""
     if r["ok"]:
@@ -308,6 +325,9 @@ def main():
     ap.add_argument("--must-train", action="store_true",
                     help="step-time mode: a size that runs out of memory fails the run too")
     ap.add_argument("--out", default=".", help="folder for the runs' logs")
+    ap.add_argument("--op-times", action="store_true",
+                    help="step-time mode: one more step per run with each op timed on the GPU; prints the ops "
+                         "that took longest beside the reference's")
     ap.add_argument("--pcie-gbps", type=float, default=51.0,
                     help="host memory bandwidth a kernel gets over PCIe, GB/s per direction, for the limit time "
                          "(default 51: the H100's, DESIGN.md)")

@@ -1,6 +1,6 @@
 """How well PyTorch's kernels use the PCIe link when their operands lie in
-pinned host memory under gmem: the GCN's ops (gather, scale, index_add_) and
-plain streaming ones, each timed over operands placed on the host by a small
+pinned host memory under gmem: the GCN's ops (gather, scale, index_add_, and
+backward index_select and index_put_ with accumulate) and plain streaming ones, each timed over operands placed on the host by a small
 device budget, with the bytes NVML's counters saw cross the link
 (pcie_meter.py). Prints, per op, its time, the bytes each way, the link's
 busier direction in GB/s and that against --pcie-gbps, and BENCH
@@ -59,8 +59,13 @@ def child(args):
         timed("index_add", lambda: accumulator.zero_().index_add_(0, index, scaled))  # reads the host
         timed("copy", lambda: scaled.clone())                          # reads and writes the host
         timed("sum", lambda: scaled.sum())                             # reads the host
+        # The gathers' backward: index_add_'s (index_select) and the gather's
+        # own (index_put_ with accumulate, which reads its source in the
+        # order of the sorted index).
+        selected = timed("index_select", lambda: table.index_select(0, index))  # reads the device, writes the host
+        timed("index_put", lambda: accumulator.zero_().index_put_((index,), scaled, accumulate=True))  # reads the host
         operand_bytes = gathered.numel() * 4
-        del gathered, scaled
+        del gathered, scaled, selected
     figures = gmem_stats.read_own(0)
     del ballast
     summed = accumulator.clone()

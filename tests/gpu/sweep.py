@@ -206,6 +206,7 @@ def child(args):
         print(json.dumps({"not_deterministic": " ".join(str(e).split())[:400]}))
         return NOT_DETERMINISTIC_EXIT
     stats = torch.cuda.memory_stats()
+    ops = op_times(torch, step) if args.op_times else None
     result = {"step_ms": statistics.median(times) * 1e3,
               "steps_ms": [round(t * 1e3, 1) for t in times],
               "warmup_ms": [round(t * 1e3, 1) for t in warmup],
@@ -219,6 +220,8 @@ def child(args):
               "torch_alloc_retries": stats.get("num_alloc_retries", 0)}
     if spilled:
         result["spilled_sample"] = spilled
+    if ops:
+        result["op_ms"] = ops
     if pcie:
         result["pcie_bytes"] = [[round(b) for b in step] for step in pcie]  # [to device, to host] per step
     if under_gmem:
@@ -232,6 +235,36 @@ def child(args):
             result["gmem_tiers_error"] = str(e)
     print(json.dumps(result))
     return 0
+
+
+def op_times(torch, step):
+    """Runs step() once more with each aten op it dispatches (forward, backward
+    and optimizer) between two CUDA events on the current stream; returns
+    {op: [calls, GPU ms]}, ops run by autograd's backward named apart. An
+    op's time is its kernels' and whatever held its launch back (an
+    allocation that maps memory); the device's idle time between ops is in
+    no op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    marks = []
+
+    class Timed(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **(kwargs or {}))
+            end.record()
+            backward = torch._C._current_graph_task_id() != -1  # inside autograd's backward pass
+            marks.append((str(func) + " (backward)" * backward, start, end))
+            return out
+    torch.cuda.synchronize()
+    with Timed():
+        step()
+    torch.cuda.synchronize()
+    ops = {}
+    for name, start, end in marks:
+        calls, ms = ops.get(name, (0, 0.0))
+        ops[name] = [calls + 1, ms + start.elapsed_time(end)]
+    return ops
 
 
 def own_figures():
@@ -260,6 +293,8 @@ def attempt(args, setting, size, deterministic=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", args.job, "--size", str(size),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     shown_keys = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
+    if args.op_times:
+        cmd.append("--op-times")
     if deterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS is deterministic only with a fixed workspace
         cmd.append("--deterministic")
@@ -310,6 +345,7 @@ def main():
     ap.add_argument("--size", type=float, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--op-times", action="store_true", help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS),
                     default=[s for s in SETTINGS if s != "gmem-default"])
     ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")

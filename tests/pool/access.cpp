@@ -94,6 +94,7 @@ class Place : public Access {
 using Repeat = Place;  // a process of its own: its steps start the trial afresh
 using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
+using BringIn = Place;  // bring_in:1, the mover's quiet a minute long
 
 // Two addresses in the spilled range count it once; the device range adds a
 // launch's reference but no host bytes.
@@ -316,6 +317,29 @@ TEST_F(Lazy, LaunchesCountOnceThePoolHoldsMostOfTheDevice) {
   ASSERT_EQ(launch_two(large, large, large), CUDA_SUCCESS);  // counting goes on
   EXPECT_EQ(figures().launches, 2u);
   EXPECT_EQ(cuMemFree_v2(large), CUDA_SUCCESS);
+}
+
+// With bring_in (pool/pool.h), a launch that references an allocation lying
+// partly in host memory finds it on the device once the device has room,
+// content and all; without room, it runs over the host memory as it lies.
+// The device budget is 256 MiB: beside A (192 MiB), B (128 MiB) spills 64.
+TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 192 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&b, 128 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  std::vector<uint32_t> content(128 * mib / 4);
+  for (std::size_t i = 0; i < content.size(); ++i) content[i] = uint32_t(i * 2654435761u);
+  ASSERT_EQ(cuMemcpyHtoD_v2(b, content.data(), 128 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(b, a, 0), CUDA_SUCCESS);  // the device is full: B stays as it lies
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  ASSERT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(0, b + 100 * mib, 0), CUDA_SUCCESS);
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 0u);
+  std::vector<uint32_t> read(content.size());
+  ASSERT_EQ(cuMemcpyDtoH_v2(read.data(), b, 128 * mib), CUDA_SUCCESS);
+  EXPECT_TRUE(read == content) << "the content moved with the memory";
+  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
 }
 
 // Placing by use (pool/uses.h), with a 256 MiB device budget and 64 MiB host

@@ -230,5 +230,33 @@ TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
   }
 }
 
+// Bringing in (bring_in) is tried once the plan's trial is over, against the
+// step the plan's trial kept, and stays only if its step is at least 5% shorter.
+TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
+  for (const auto& [brought_ns, kept] : {std::pair<int64_t, bool>{89'000'000, true}, {90'000'000, false}}) {
+    Job job(true, 64 * mib);
+    job.uses().try_bring_in();
+    for (int i = 0; i < ordered_steps; ++i) {
+      job.step(i == 2 ? 100'000'000 : 150'000'000);
+      EXPECT_FALSE(job.uses().brings_in(0)) << "step " << i;
+    }
+    job.step(94'000'000);  // the plan's, kept: 94 ms against 100
+    EXPECT_FALSE(job.uses().brings_in(0));
+    job.step();  // its trial ends at this step's peak, and bringing in begins
+    EXPECT_TRUE(job.uses().brings_in(0));
+    job.step(brought_ns);  // the second step that brings in, timed at the next peak
+    EXPECT_TRUE(job.uses().brings_in(0));
+    job.step();
+    EXPECT_EQ(job.uses().brings_in(0), kept) << brought_ns << " ns";
+    const std::string said = std::string("trial=kept ordered_step_ms=100.0 planned_step_ms=94.0 bring_in=") +
+                             (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "89.0" : "90.0");
+    EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
+  }
+  Job off(true, 64 * mib);
+  for (int i = 0; i < ordered_steps + 4; ++i) off.step();
+  EXPECT_FALSE(off.uses().brings_in(0));
+  EXPECT_NE(off.uses().report().find(" bring_in=off "), std::string::npos) << off.uses().report();
+}
+
 }  // namespace
 }  // namespace gmem::pool
