@@ -74,8 +74,8 @@ class Mover final : public SpillObserver {
   // reference them: Pool::bring_in), which must be in no gated call. As a
   // round does: the program's calls pause, the context is synchronized, and
   // each range's spilled chunks are copied into device chunks (free ones,
-  // then new ones within the device's budget; those that cannot be had stay
-  // where they are) and remapped at the same addresses. Nothing moves while a capture runs or another move is under
+  // then new ones within the device's budget) and remapped at the same
+  // addresses. Nothing moves while a capture runs or another move is under
   // way. The bytes brought in.
   std::size_t bring_in(const std::vector<CUdeviceptr>& bases, CUcontext context);
   // In a forked child the thread did not come along: the object is never

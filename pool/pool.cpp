@@ -132,9 +132,9 @@ void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
   std::size_t room = vmm_->device_room(first->device);
   std::vector<CUdeviceptr> bases;
   for (const AccessRecord* r : spilled) {
-    if (room < bring_in_least) break;
-    if (r->device() != first->device) continue;
-    room -= std::min(room, r->host_bytes());
+    const std::size_t host = r->host_bytes();
+    if (r->device() != first->device || host > room) continue;
+    room -= host;
     bases.push_back(r->base());
   }
   mover_->bring_in(bases, first->context);

@@ -173,11 +173,10 @@ class Pool {
   static constexpr std::size_t bring_in_least = large_range;
   // A launch is about to reference these ranges, each with at least
   // bring_in_least bytes in host memory (the launch hooks call it outside the
-  // gate): those of the first one's device are brought onto it first, in
-  // the order given and as far as it has room (its free chunks and what its
-  // budget still allows; a range may come in part), so that the kernel
-  // reads and writes them at the device's speed rather than across PCIe
-  // (Mover::bring_in). The device pauses meanwhile.
+  // gate): those of the first one's device that the device has room for
+  // (its free chunks and what its budget still allows) are brought onto it
+  // first (Mover::bring_in), so that the kernel reads and writes them at the
+  // device's speed rather than across PCIe. The device pauses meanwhile.
   void bring_in(const std::vector<const AccessRecord*>& spilled);
   // Launches and placement of the large allocations (with track_access).
   const Uses& uses() const { return uses_; }

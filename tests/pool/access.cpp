@@ -342,21 +342,6 @@ TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
   EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
 }
 
-// Where the device has room for part of it, that part comes (a 64 MiB host
-// chunk of B's two).
-TEST_F(BringIn, ALaunchFindsAsMuchOnTheDeviceAsItHasRoomFor) {
-  CUdeviceptr a = 0, c = 0, b = 0;
-  ASSERT_EQ(cuMemAlloc_v2(&a, 128 * mib), CUDA_SUCCESS);
-  ASSERT_EQ(cuMemAlloc_v2(&c, 64 * mib), CUDA_SUCCESS);
-  ASSERT_EQ(cuMemAlloc_v2(&b, 192 * mib), CUDA_SUCCESS);
-  ASSERT_EQ(OwnStats().placement(b).host_bytes, 128 * mib);
-  ASSERT_EQ(cuMemFree_v2(c), CUDA_SUCCESS);
-  ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
-  EXPECT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
-  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
-  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
-}
-
 // Placing by use (pool/uses.h), with a 256 MiB device budget and 64 MiB host
 // chunks. Each step, A (128 MiB, one launch) and then B (192 MiB, five)
 // are alive together: 64 MiB do not fit on the device. The first steps place
