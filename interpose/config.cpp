@@ -80,6 +80,14 @@ bool parse_value(std::string_view text, config_type::mem_info& out, std::string&
   return false;
 }
 
+bool parse_value(std::string_view text, config_type::bring_in& out, std::string& expected) {
+  expected = "off, tried or always";
+  if (text == "off") return out = pool::BringIn::off, true;
+  if (text == "tried") return out = pool::BringIn::tried, true;
+  if (text == "always") return out = pool::BringIn::always, true;
+  return false;
+}
+
 bool parse_value(std::string_view text, config_type::millis& out, std::string& expected) {
   expected = "a whole number of milliseconds, at most 3600000";
   std::string copy(text);

@@ -18,6 +18,7 @@ using path = std::string;
 using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
+using bring_in = pool::BringIn;
 using millis = std::chrono::milliseconds;
 // An absolute path, or empty: the default place (socket), nothing (file).
 struct optional_path {

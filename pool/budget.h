@@ -21,6 +21,11 @@ struct Amount {
 // device plus what the spill tiers may still hold.
 enum class MemInfo : bool { device, tiers };
 
+// Whether a launch's spilled references come onto the device first where it
+// has room (Pool::bring_in): never, on trial once the steps repeat (kept only
+// if it shortens them: pool/uses.h), or at every launch.
+enum class BringIn { off, tried, always };
+
 struct Budgets {
   Amount device = Amount::of_share(1.0);       // of the device's memory
   Amount device_reserve = Amount::of_bytes(uint64_t{1} << 30);  // left free by a spill

@@ -125,10 +125,10 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
 }
 
 void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
-  if (!bring_in_ || spilled.empty() || quiet()) return;
+  if (bring_in_ == BringIn::off || spilled.empty() || quiet()) return;
   const std::optional<Block> first = vmm_->find(spilled.front()->base());
   if (!first || !first->context) return;
-  if (!uses_.brings_in(first->device)) return;
+  if (bring_in_ == BringIn::tried && !uses_.brings_in(first->device)) return;
   std::size_t room = vmm_->device_room(first->device);
   std::vector<CUdeviceptr> bases;
   for (const AccessRecord* r : spilled) {

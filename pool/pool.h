@@ -80,12 +80,13 @@ class Pool {
   // too, and a mover, live allocations move off the device and back while it
   // spills (pool/evictor.h). With `bring_in` (and track_access and a mover,
   // without evict), a launch's large spilled references come onto the device
-  // before it runs where the device has room for them (bring_in()).
+  // before it runs where the device has room for them (bring_in()): `tried`
+  // needs place_by_use, whose steps it is timed by.
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
                 bool track_access = false, bool place_by_use = false, double track_from = 0, bool evict = false,
-                bool bring_in = false)
+                BringIn bring_in = BringIn::off)
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
@@ -103,10 +104,11 @@ class Pool {
                                                              [this](const auto& blocks) { placement_moved(blocks); },
                                                              evictor_.get()})
                    : nullptr),
-        bring_in_(bring_in && access_ && mover_ && !evictor_),
+        bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in
+                                                                                                 : BringIn::off),
         ledger_(publisher_.get()) {
     if (mover_) vmm_->observe_spills(mover_.get());
-    if (bring_in_) uses_.try_bring_in();
+    if (bring_in_ == BringIn::tried) uses_.try_bring_in();
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());
@@ -168,7 +170,7 @@ class Pool {
   // What launches reference, by pool range (null unless pool:vmm with track_access).
   AccessTable* access() const { return access_.get(); }
   // Whether launches call bring_in() first.
-  bool brings_in() const { return bring_in_; }
+  bool brings_in() const { return bring_in_ != BringIn::off; }
   // Ranges of at least this many bytes in host memory are brought in.
   static constexpr std::size_t bring_in_least = large_range;
   // A launch is about to reference these ranges, each with at least
@@ -221,7 +223,7 @@ class Pool {
   const std::unique_ptr<VmmPool> vmm_;
   const std::unique_ptr<Evictor> evictor_;  // run by mover_'s thread
   const std::unique_ptr<Mover> mover_;      // after vmm_ and evictor_: its thread stops first
-  const bool bring_in_;
+  const BringIn bring_in_;
   std::vector<FreeObserver*> free_observers_;
   MappedElsewhere* elsewhere_ = nullptr;
   SpillVeto* spill_veto_ = nullptr;

@@ -63,7 +63,6 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
 }
 
 bool Uses::brings_in(int device) const {
-  if (!place_) return true;
   std::lock_guard lock(mutex_);
   const auto it = devices_.find(device);
   return it != devices_.end() && (it->second.bring_in == BringIn::trying || it->second.bring_in == BringIn::kept);

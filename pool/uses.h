@@ -34,7 +34,7 @@
 // index_put_, reading its source in the order of a sorted index, ran at a
 // quarter of it), and costs where the room it takes was wanted by the next
 // requests (the LM's steps took 1.7x as long). Without place_by_use, steps
-// are not timed, and bring_in, where on, brings in at every launch.
+// are not timed, and nothing is tried.
 //
 // No plan once a peer holds part of a device's peak: what leaves the device
 // goes to a peer before the host whatever the plan, and runs there at about
@@ -100,9 +100,8 @@ class Uses {
   // The allocation at `base` is about to be freed: its counts join its kind's.
   void freed(CUdeviceptr base, std::size_t size);
 
-  // Whether launches on `device` should bring their spilled references in
-  // now (with bring_in on): always without place_by_use; else while it is
-  // tried, and after if it was kept.
+  // Whether launches on `device` bring their spilled references in now
+  // (bring_in:tried): while it is tried, and after if it was kept.
   bool brings_in(int device) const;
 
   // The figures of one size (zero if never freed).

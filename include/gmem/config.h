@@ -5,7 +5,8 @@
 // X(name, type, default, doc). Types: flag (0/1), level (a log level),
 // source (driver or vmm), percent (a number from 0 to 1000), path (an
 // absolute directory), amount (bytes with an optional K/M/G/T suffix, or a
-// percentage of a capacity: 50%), mem_info (device or tiers), socket (an
+// percentage of a capacity: 50%), mem_info (device or tiers), bring_in (off,
+// tried or always), socket (an
 // absolute path, or empty for the default), file (an absolute path, or empty
 // for none), millis (a whole number of milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
@@ -87,12 +88,14 @@
     "moved first, once room opens; a launch waits only for a range while it moves. " \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
-  X(bring_in, flag, "0",                                                             \
-    "1: with pool:vmm, track_access and migrate_after_ms (not evict), a kernel "      \
-    "launch whose parameters reference a large allocation lying partly in host "      \
-    "memory waits while that memory is copied onto the device, where the device "    \
-    "has room for it (free chunks, or its budget); the program's calls pause "       \
-    "meanwhile, as for migrate_after_ms. Off by default")                              \
+  X(bring_in, bring_in, "tried",                                                     \
+    "with pool:vmm, track_access and migrate_after_ms (not evict), a kernel launch "  \
+    "whose parameters reference a large allocation lying partly in host memory "      \
+    "waits while that memory is copied onto the device, where the device has room "  \
+    "for all of it (free chunks, or its budget); the program's calls pause "          \
+    "meanwhile, as for migrate_after_ms. tried: with place_by_use, once its trial "    \
+    "is over, for two steps, and from then on only if that step was at least 5% "      \
+    "shorter; always: at every such launch; off: never")                               \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \

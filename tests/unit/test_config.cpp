@@ -82,6 +82,13 @@ TEST(Config, BudgetsAreSizesOrShares) {
   }
 }
 
+TEST(Config, BringInIsOffTriedOrAlways) {
+  EXPECT_EQ(parse_config("").config.bring_in, pool::BringIn::tried);
+  EXPECT_EQ(parse_config("bring_in:off").config.bring_in, pool::BringIn::off);
+  EXPECT_EQ(parse_config("bring_in:always").config.bring_in, pool::BringIn::always);
+  EXPECT_EQ(parse_config("bring_in:1").error, "bad value '1' for key 'bring_in' (expected off, tried or always)");
+}
+
 TEST(Config, ItemWithoutColonIsAnError) {
   EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: " + config_key_list() + ")");
 }
