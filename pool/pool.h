@@ -169,8 +169,11 @@ class Pool {
   const Evictor* evictor() const { return evictor_.get(); }
   // What launches reference, by pool range (null unless pool:vmm with track_access).
   AccessTable* access() const { return access_.get(); }
-  // Whether launches call bring_in() first.
-  bool brings_in() const { return bring_in_ != BringIn::off; }
+  // Whether launches call bring_in() first (with bring_in:tried, once its
+  // trial has begun on some device: until then a launch pays nothing for it).
+  bool brings_in() const {
+    return bring_in_ == BringIn::always || (bring_in_ == BringIn::tried && uses_.bringing_in());
+  }
   // Ranges of at least this many bytes in host memory are brought in.
   static constexpr std::size_t bring_in_least = large_range;
   // A launch is about to reference these ranges, each with at least

@@ -68,7 +68,7 @@ bool Uses::brings_in(int device) const {
   return it != devices_.end() && (it->second.bring_in == BringIn::trying || it->second.bring_in == BringIn::kept);
 }
 
-void Uses::stepped(Device& d, int64_t now_ns, const Work& work) const {
+void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
   d.step_ns = now_ns;
   d.last_step = {.misses = work.misses - d.at_step.misses,
@@ -102,7 +102,10 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) const {
   }
   switch (d.bring_in) {
     case BringIn::untried:
-      if (bring_in_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.bring_in = BringIn::trying;
+      if (bring_in_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) {
+        d.bring_in = BringIn::trying;
+        bringing_in_.store(true, std::memory_order_relaxed);
+      }
       break;
     case BringIn::trying:
       if (++d.bring_in_steps == 2) {  // the first step that brings in settles it

@@ -46,6 +46,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -103,6 +104,9 @@ class Uses {
   // Whether launches on `device` bring their spilled references in now
   // (bring_in:tried): while it is tried, and after if it was kept.
   bool brings_in(int device) const;
+  // Whether brings_in() may be true for some device (lock-free: launches
+  // look here before anything else).
+  bool bringing_in() const { return bringing_in_.load(std::memory_order_relaxed); }
 
   // The figures of one size (zero if never freed).
   Figures of(std::size_t size) const;
@@ -151,7 +155,7 @@ class Uses {
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
   };
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
-  void stepped(Device& d, int64_t now_ns, const Work& work) const;
+  void stepped(Device& d, int64_t now_ns, const Work& work);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;
@@ -164,6 +168,7 @@ class Uses {
   AccessTable* const table_;
   const bool place_;
   bool bring_in_ = false;
+  std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;
   uint64_t requests_ = 0;  // large requests so far

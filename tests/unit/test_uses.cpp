@@ -239,11 +239,13 @@ TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
     for (int i = 0; i < ordered_steps; ++i) {
       job.step(i == 2 ? 100'000'000 : 150'000'000);
       EXPECT_FALSE(job.uses().brings_in(0)) << "step " << i;
+      EXPECT_FALSE(job.uses().bringing_in()) << "step " << i;
     }
     job.step(94'000'000);  // the plan's, kept: 94 ms against 100
     EXPECT_FALSE(job.uses().brings_in(0));
     job.step();  // its trial ends at this step's peak, and bringing in begins
     EXPECT_TRUE(job.uses().brings_in(0));
+    EXPECT_TRUE(job.uses().bringing_in());
     job.step(brought_ns);  // the second step that brings in, timed at the next peak
     EXPECT_TRUE(job.uses().brings_in(0));
     job.step();
@@ -255,6 +257,7 @@ TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
   Job off(true, 64 * mib);
   for (int i = 0; i < ordered_steps + 4; ++i) off.step();
   EXPECT_FALSE(off.uses().brings_in(0));
+  EXPECT_FALSE(off.uses().bringing_in());
   EXPECT_NE(off.uses().report().find(" bring_in=off "), std::string::npos) << off.uses().report();
 }
 
