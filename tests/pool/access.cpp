@@ -339,6 +339,11 @@ TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
   std::vector<uint32_t> read(content.size());
   ASSERT_EQ(cuMemcpyDtoH_v2(read.data(), b, 128 * mib), CUDA_SUCCESS);
   EXPECT_TRUE(read == content) << "the content moved with the memory";
+  // Launches see it on the device: no host bytes counted, nothing left to bring in.
+  const Figures before = figures();
+  ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches, before.launches + 1);
+  EXPECT_EQ(figures().host, before.host);
   EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
 }
 
