@@ -144,30 +144,52 @@ bool Mover::pause(const std::vector<CUcontext>& contexts) {
   return false;
 }
 
-std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext context) {
-  if (bases.empty()) return 0;
+namespace {
+
+// Runs `call` with `context` current; false if it cannot be made current.
+template <typename Call>
+bool in_context(const vmm::Driver& driver, CUcontext context, Call&& call) {
+  if (driver.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return false;
+  call();
+  CUcontext popped = nullptr;
+  driver.cuCtxPopCurrent_v2(&popped);
+  return true;
+}
+
+}  // namespace
+
+template <typename Move>
+std::pair<bool, int64_t> Mover::paused(Move&& move) {
   const int64_t paused_at = now_ns();
-  const bool held = pause(vmm_.contexts());
-  std::size_t brought = 0, ranges = 0;
   std::vector<Block> blocks;
-  if (held && driver_.cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
-    for (CUdeviceptr base : bases) {
-      VmmPool::Move move;
-      if (!vmm_.plan_move(base, false, &move)) continue;
-      // The copies run on the legacy stream: nothing else runs now.
-      const bool done = vmm_.carry_out(move, nullptr) == CUDA_SUCCESS;
-      vmm_.finish_move(move, done);
-      if (!done) continue;
-      brought += move.bytes;
-      ++ranges;
-      if (std::optional<Block> block = vmm_.find(base); block && block->size) blocks.push_back(*block);
-    }
-    CUcontext popped = nullptr;
-    driver_.cuCtxPopCurrent_v2(&popped);
+  const bool held = pause(vmm_.contexts());
+  if (held) {
+    move(&blocks);
+    settings_.submissions->resume();
   }
-  if (held) settings_.submissions->resume();
   const int64_t paused = now_ns() - paused_at;
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  return {held, paused};
+}
+
+std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext context) {
+  if (bases.empty()) return 0;
+  std::size_t brought = 0, ranges = 0;
+  const auto [held, paused] = this->paused([&](std::vector<Block>* blocks) {
+    in_context(driver_, context, [&] {
+      for (CUdeviceptr base : bases) {
+        VmmPool::Move move;
+        if (!vmm_.plan_move(base, false, &move)) continue;
+        // The copies run on the legacy stream: nothing else runs now.
+        const bool done = vmm_.carry_out(move, nullptr) == CUDA_SUCCESS;
+        vmm_.finish_move(move, done);
+        if (!done) continue;
+        brought += move.bytes;
+        ++ranges;
+        if (std::optional<Block> block = vmm_.find(base); block && block->size) blocks->push_back(*block);
+      }
+    });
+  });
   std::lock_guard lock(mutex_);
   if (held) {
     work_.paused_ns += paused;
@@ -181,20 +203,11 @@ void Mover::round(std::chrono::nanoseconds idle) {
   const int64_t idle_since = now_ns() - idle.count();
   const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
   if (devices.empty() || capturing()) return;
-  const int64_t paused_at = now_ns();
-  const bool held = pause(vmm_.contexts());
-  std::vector<Block> blocks;
-  if (held) {
+  const auto [held, paused] = this->paused([&](std::vector<Block>* blocks) {
     for (const VmmPool::Movable& m : devices) {
-      if (driver_.cuCtxPushCurrent_v2(m.context) != CUDA_SUCCESS) continue;
-      vmm_.move_back(m.device, idle_since, &blocks);
-      CUcontext popped = nullptr;
-      driver_.cuCtxPopCurrent_v2(&popped);
+      in_context(driver_, m.context, [&] { vmm_.move_back(m.device, idle_since, blocks); });
     }
-  }
-  if (held) settings_.submissions->resume();
-  const int64_t paused = now_ns() - paused_at;
-  if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  });
   std::lock_guard lock(mutex_);
   work_.paused_ns += paused;
   if (held) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "pool/clock.h"
@@ -101,6 +102,11 @@ class Mover final : public SpillObserver {
   // or was never closed).
   bool pause(const std::vector<CUcontext>& contexts);
   bool capturing() const;
+  // Pauses the program (pause()) and, while it is held, runs `move`, which
+  // adds the live blocks whose memory moved; then resumes and tells
+  // Settings::moved. Whether it was held, and the nanoseconds paused.
+  template <typename Move>
+  std::pair<bool, int64_t> paused(Move&& move);
   std::chrono::nanoseconds quiet_needed() const;  // under mutex_
 
   VmmPool& vmm_;
