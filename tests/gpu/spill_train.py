@@ -29,7 +29,9 @@ step times (default): --sizes S... [--reference R]
   used; from report:1) and spill_<job>_<R>_in_memory_step_ms.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
-  the run.
+  the run. With --op-times, each run takes one more step with every op timed
+  on the GPU (sweep.op_times) and prints the ops that took longest beside the
+  reference's time for the same op scaled to size.
 
 losses: --losses FILE --size S
   One run at S under --setting with torch.use_deterministic_algorithms(True)
