@@ -193,7 +193,7 @@ const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& 
 
 // With Pool::brings_in: the ranges a launch references that lie in host
 // memory (Pool::bring_in_least bytes or more) come onto the device before it
-// is submitted, as far as the device has room.
+// is submitted, each where the device has room for all of it.
 void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
               void** extra) {
   std::vector<const gmem::pool::AccessRecord*> spilled;

@@ -254,8 +254,9 @@ std::string Uses::report_plan(std::size_t most) const {
     static constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
-             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f last_step_maps=%llu "
-             "last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu last_step_slow_map_ms=%.1f\n",
+             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f "
+             "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
+             "last_step_slow_map_ms=%.1f\n",
              device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
