@@ -112,6 +112,11 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
         d.bring_in_ns = step;
         const int64_t before = d.trial == Trial::kept ? d.planned_ns : d.ordered_ns;
         d.bring_in = step * 20 <= before * 19 ? BringIn::kept : BringIn::dropped;
+        bool any = false;
+        for (const auto& [id, other] : devices_) {
+          any |= other.bring_in == BringIn::trying || other.bring_in == BringIn::kept;
+        }
+        bringing_in_.store(any, std::memory_order_relaxed);
       }
       break;
     case BringIn::kept:

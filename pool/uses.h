@@ -104,8 +104,8 @@ class Uses {
   // Whether launches on `device` bring their spilled references in now
   // (bring_in:tried): while it is tried, and after if it was kept.
   bool brings_in(int device) const;
-  // Whether brings_in() may be true for some device (lock-free: launches
-  // look here before anything else).
+  // Whether brings_in() may be true for some device: false again once every
+  // device's trial dropped it (lock-free: launches look here first).
   bool bringing_in() const { return bringing_in_.load(std::memory_order_relaxed); }
 
   // The figures of one size (zero if never freed).

@@ -250,6 +250,7 @@ TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
     EXPECT_TRUE(job.uses().brings_in(0));
     job.step();
     EXPECT_EQ(job.uses().brings_in(0), kept) << brought_ns << " ns";
+    EXPECT_EQ(job.uses().bringing_in(), kept) << "launches stop looking once it is dropped";
     const std::string said = std::string("trial=kept ordered_step_ms=100.0 planned_step_ms=94.0 bring_in=") +
                              (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "89.0" : "90.0");
     EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
