@@ -126,43 +126,39 @@ void Mover::run() {
 
 bool Mover::capturing() const { return settings_.capturing && settings_.capturing(); }
 
-bool Mover::pause(const std::vector<CUcontext>& contexts) {
+namespace {
+
+// Runs `call` with `context` current; not if it cannot be made current.
+template <typename Call>
+void in_context(const vmm::Driver& driver, CUcontext context, Call&& call) {
+  if (driver.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return;
+  call();
+  CUcontext popped = nullptr;
+  driver.cuCtxPopCurrent_v2(&popped);
+}
+
+}  // namespace
+
+bool Mover::pause() {
   Submissions& gate = *settings_.submissions;
   if (capturing() || !gate.stop()) return false;
   // No submitting call runs now; what was submitted before is waited for
-  // (not while a capture runs: a sync would break it).
+  // (not while a capture runs: a sync would break it). A context that cannot
+  // be made current has no work left to wait for.
   bool synced = !capturing();
-  for (CUcontext context : contexts) {
-    // One that cannot be made current has no work left to wait for.
-    if (!synced || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) continue;
-    synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
-    CUcontext popped = nullptr;
-    driver_.cuCtxPopCurrent_v2(&popped);
+  for (CUcontext context : vmm_.contexts()) {
+    if (synced) in_context(driver_, context, [&] { synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS; });
   }
   if (synced) return gate.hold();  // false: a held caller reopened it
   gate.resume();
   return false;
 }
 
-namespace {
-
-// Runs `call` with `context` current; false if it cannot be made current.
-template <typename Call>
-bool in_context(const vmm::Driver& driver, CUcontext context, Call&& call) {
-  if (driver.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return false;
-  call();
-  CUcontext popped = nullptr;
-  driver.cuCtxPopCurrent_v2(&popped);
-  return true;
-}
-
-}  // namespace
-
 template <typename Move>
 std::pair<bool, int64_t> Mover::paused(Move&& move) {
   const int64_t paused_at = now_ns();
   std::vector<Block> blocks;
-  const bool held = pause(vmm_.contexts());
+  const bool held = pause();
   if (held) {
     move(&blocks);
     settings_.submissions->resume();

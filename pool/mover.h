@@ -96,11 +96,11 @@ class Mover final : public SpillObserver {
   // Moves what fits, where the pool's free device chunks unused for `idle`
   // count as room (as long as spills had to stop).
   void round(std::chrono::nanoseconds idle);
-  // Closes the gate and synchronizes `contexts` (the pool's, with null);
-  // true if the gate is then held (resume() opens it), false if the program's
-  // calls would not let it close or a capture runs (the gate is open again,
-  // or was never closed).
-  bool pause(const std::vector<CUcontext>& contexts);
+  // Closes the gate and synchronizes the pool's contexts; true if the gate
+  // is then held (resume() opens it), false if the program's calls would not
+  // let it close or a capture runs (the gate is open again, or was never
+  // closed).
+  bool pause();
   bool capturing() const;
   // Pauses the program (pause()) and, while it is held, runs `move`, which
   // adds the live blocks whose memory moved; then resumes and tells

@@ -65,7 +65,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
 bool Uses::brings_in(int device) const {
   std::lock_guard lock(mutex_);
   const auto it = devices_.find(device);
-  return it != devices_.end() && (it->second.bring_in == BringIn::trying || it->second.bring_in == BringIn::kept);
+  return it != devices_.end() && it->second.bringing_in();
 }
 
 void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
@@ -101,26 +101,24 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
       break;
   }
   switch (d.bring_in) {
-    case BringIn::untried:
+    case BringInTrial::untried:
       if (bring_in_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) {
-        d.bring_in = BringIn::trying;
+        d.bring_in = BringInTrial::trying;
         bringing_in_.store(true, std::memory_order_relaxed);
       }
       break;
-    case BringIn::trying:
+    case BringInTrial::trying:
       if (++d.bring_in_steps == 2) {  // the first step that brings in settles it
         d.bring_in_ns = step;
         const int64_t before = d.trial == Trial::kept ? d.planned_ns : d.ordered_ns;
-        d.bring_in = step * 20 <= before * 19 ? BringIn::kept : BringIn::dropped;
+        d.bring_in = step * 20 <= before * 19 ? BringInTrial::kept : BringInTrial::dropped;
         bool any = false;
-        for (const auto& [id, other] : devices_) {
-          any |= other.bring_in == BringIn::trying || other.bring_in == BringIn::kept;
-        }
+        for (const auto& [id, other] : devices_) any |= other.bringing_in();
         bringing_in_.store(any, std::memory_order_relaxed);
       }
       break;
-    case BringIn::kept:
-    case BringIn::dropped:
+    case BringInTrial::kept:
+    case BringInTrial::dropped:
       break;
   }
 }

@@ -134,7 +134,7 @@ class Uses {
   // (its shares in force), then kept or dropped for good; or no plan (peer).
   enum class Trial { ordered, planned, kept, dropped, peer };
   // Bringing in (bring_in): waiting for the plan's verdict, on trial, then kept or dropped.
-  enum class BringIn { untried, trying, kept, dropped };
+  enum class BringInTrial { untried, trying, kept, dropped };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_used = 0;
@@ -146,13 +146,14 @@ class Uses {
     int steps = 0;           // steps timed in this phase of the trial
     int64_t ordered_ns = 0;  // the shortest step in the order requested
     int64_t planned_ns = 0;  // the step with the plan
-    BringIn bring_in = BringIn::untried;
+    BringInTrial bring_in = BringInTrial::untried;
     int bring_in_steps = 0;  // timed in its trial
     int64_t bring_in_ns = 0;  // the step that brought in
     Work at_step;            // the pool's work when the last step reached its peak
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
+    bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
   };
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
   void stepped(Device& d, int64_t now_ns, const Work& work);

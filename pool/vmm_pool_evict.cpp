@@ -31,7 +31,7 @@ Range* VmmPool::settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr) {
 Piece* VmmPool::larger_idle_device_piece(int device, std::size_t size) {
   for (auto it = pieces_.free(device).upper_bound({size, UINT64_MAX}); it != pieces_.free(device).end(); ++it) {
     Piece* p = it->second;
-    if (!p->spilled && order_.complete(p->pending, false) && ranges_.droppable(*p, false)) return p;
+    if (!p->spilled && ranges_.droppable(*p, false)) return p;
   }
   return nullptr;
 }
