@@ -13,10 +13,11 @@ namespace gmem::rpc {
 Client::Client(const std::string& target) : target_(target) {
   std::string uri = target.find(':') != std::string::npos && target.rfind('/', 0) != 0 ? target : "unix:" + target;
   // gmemctl run starts gmemd and then waits for it: reconnect quickly, not
-  // after gRPC's default backoff of a second and more.
+  // after gRPC's default backoff of a second and more. Not the minimum
+  // backoff: gRPC also takes it as the time a connection attempt may take
+  // (at least 0.1 s), and a busy gmemd can take longer to answer.
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
   channel_ = grpc::CreateCustomChannel(uri, grpc::InsecureChannelCredentials(), arguments);
   stub_ = v1::Gmem::NewStub(channel_);

@@ -197,6 +197,21 @@ TEST_F(Gmemd, ExitCodesSayWhatWentWrong) {
   EXPECT_NE(help.out.find("gmemctl run -- python3 train.py"), std::string::npos);
 }
 
+// gmemd busy (here: stopped) for a second when gmemctl connects: gmemctl waits
+// for its answer within the call's deadline, not gRPC's handshake minimum of
+// 0.1 s, which a minimum reconnect backoff would set (and CI's loaded
+// sanitizer runs once missed).
+TEST_F(Gmemd, AGmemdSlowToAnswerIsWaitedFor) {
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  std::thread wake([&] {
+    std::this_thread::sleep_for(1s);
+    kill(daemon_->pid(), SIGCONT);
+  });
+  auto ps = ctl({"ps"});
+  wake.join();
+  EXPECT_EQ(ps.status, 0) << ps.err;
+}
+
 TEST_F(Gmemd, HostileRequestsGetErrorsAndGmemdKeepsServing) {
   auto s = stub();
   auto call = [&](auto method, const auto& request, auto* response) {
