@@ -4,7 +4,7 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use]
+//               [--per-step] [--place-by-use] [--bring-in] [--scale F]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
 //               [--max-steady-cached-free F] [--own-cost] TRACE...
@@ -40,6 +40,13 @@
 // plan's trial times a step by the PCIe time of what its launches passed off
 // the device (at 51 GB/s, and 1 us a launch): the policy on a recorded job's
 // real uses, without a GPU. "gmem: report use/place" lines follow.
+// --bring-in (with --place-by-use) also brings the allocations each use line
+// names onto the device before its launch, whole, where they have 64 MiB or
+// more in host memory and the device has room (as bring_in:always does, after a
+// synchronization, by the mover's copy and remap; each copy adds its bytes at
+// 51 GB/s to the clock), and --per-step says how many ranges each step brought in.
+// --scale F replays every request of 1 MiB or more F times as large: the
+// recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
 // ordered free) on the accounting driver.
 #include <algorithm>
@@ -52,6 +59,7 @@
 
 #include "accounting_driver.h"
 #include "pool/access.h"
+#include "pool/pool.h"
 #include "pool/tiers.h"
 #include "pool/uses.h"
 #include "pool/vmm_pool.h"
@@ -65,8 +73,10 @@ using gmem::accounting::now;
 
 double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1;
 std::size_t passes = 1;
+double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, place_by_use = false;
+bool per_step = false, place_by_use = false, bring_in_always = false;
+uint64_t brought_in = 0;  // ranges, by --bring-in
 int misses_from = INT32_MAX;
 
 std::string gigabytes(uint64_t bytes) {
@@ -75,9 +85,38 @@ std::string gigabytes(uint64_t bytes) {
   return text;
 }
 
+// As Pool::bring_in before a launch: the allocations `ids` that lie in host
+// memory (Pool::bring_in_least bytes or more) and that the device has room
+// for come onto it whole, once the device is synchronized (Mover::bring_in).
+// Returns the copies' time, at 51 GB/s.
+int64_t bring_in(gmem::pool::VmmPool& pool, gmem::pool::Tiers& tiers, const gmem::vmm::Driver& driver,
+                 const std::vector<uint32_t>& ids, const std::vector<CUdeviceptr>& live,
+                 const std::vector<uint64_t>& live_bytes) {
+  std::size_t room = pool.device_room(0), brought = 0;
+  std::vector<CUdeviceptr> bases;
+  for (uint32_t id : ids) {
+    const std::size_t host = live[id] ? tiers.split(live[id], live_bytes[id]).host : 0;
+    if (host < gmem::pool::Pool::bring_in_least || host > room) continue;
+    room -= host;
+    bases.push_back(live[id]);
+  }
+  if (bases.empty()) return 0;
+  driver.cuCtxSynchronize();
+  for (CUdeviceptr base : bases) {
+    gmem::pool::VmmPool::Move move;
+    if (!pool.plan_move(base, false, &move)) continue;
+    const bool done = pool.carry_out(move, nullptr) == CUDA_SUCCESS;
+    pool.finish_move(move, done);
+    if (!done) continue;
+    brought += move.bytes;
+    ++brought_in;
+  }
+  return int64_t(double(brought) / 51.0);
+}
+
 int replay(const std::string& path) {
   std::string error;
-  std::optional<gmem::trace::Trace> trace = gmem::trace::load(path, &error);
+  std::optional<gmem::trace::Trace> trace = gmem::trace::load(path, &error, scale);
   if (!trace) {
     fprintf(stderr, "pool-policy: %s\n", error.c_str());
     return 1;
@@ -118,6 +157,8 @@ int replay(const std::string& path) {
     pool.track_access(&*table);
     uses.emplace(&*table, true);
   }
+  CUcontext context = nullptr;  // the device's (a move needs its allocations' context)
+  driver.cuCtxGetCurrent(&context);
   std::vector<CUdeviceptr> live(trace->ids, 0);
   std::vector<uint64_t> live_bytes(trace->ids, 0);
   uint64_t requested = 0;
@@ -135,7 +176,8 @@ int replay(const std::string& path) {
   // when they ran (an upper estimate of what they moved over PCIe, as the
   // shim's host_access_bytes is), this step and over the steady state.
   std::size_t next_use = 0;
-  uint64_t step_passed = 0, steady_passed = 0, steady_steps = 0;
+  uint64_t step_passed = 0, steady_passed = 0, steady_steps = 0, step_brought_in = 0;
+  brought_in = 0;
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
   gmem::accounting::Accounts at_steady;
   std::size_t allocs = 0, steady_allocs = 0;
@@ -156,6 +198,7 @@ int replay(const std::string& path) {
       next_use = 0;
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
+      if (bring_in_always) clock_ns += bring_in(pool, *tiers, driver, trace->uses[next_use].ids, live, live_bytes);
       uint64_t passed = 0;
       std::optional<gmem::pool::LaunchReferences> refs;
       if (table) refs.emplace(*table);
@@ -174,7 +217,7 @@ int replay(const std::string& path) {
       gmem::pool::Block block;
       const uint64_t misses = pool.work(0).misses, maps = accounts.maps;
       const gmem::pool::Uses::Request use = uses ? uses->request(0, e.bytes) : gmem::pool::Uses::Request{};
-      CUresult status = pool.alloc(&block, e.bytes, 0, nullptr, e.stream + 1, false, uses ? use.off_device : e.off_device);
+      CUresult status = pool.alloc(&block, e.bytes, 0, context, e.stream + 1, false, uses ? use.off_device : e.off_device);
       if (status == CUDA_SUCCESS && use.kind &&
           uses->served(block.base, use, pool.figures(0).used, tiers && tiers->spilled(0), clock_ns, pool.work(0))) {
         uses->peak(0, pool.device_room(0));
@@ -224,7 +267,7 @@ int replay(const std::string& path) {
         const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
         printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
                "(host %llu) released %llu syncs %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
-               "(%.2f on the device) of %.2f GB held%s\n",
+               "(%.2f on the device) of %.2f GB held%s%s\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
@@ -236,7 +279,9 @@ int replay(const std::string& path) {
              static_cast<unsigned long long>(accounts.syncs - step_accounts.syncs), double(held.host) / 1e9,
              double(held.peer) / 1e9, double(cached) / 1e9, double(cached - cached_spilled) / 1e9,
              double(pool.figures(0).reserved) / 1e9,
-             trace->uses.empty() ? "" : ("; launches passed " + gigabytes(step_passed) + " off the device").c_str());
+             trace->uses.empty() ? "" : ("; launches passed " + gigabytes(step_passed) + " off the device").c_str(),
+             bring_in_always ? ("; brought in " + std::to_string(brought_in - step_brought_in) + " ranges").c_str() : "");
+        step_brought_in = brought_in;
       }
       if (i >= steady_from) {
         steady_passed += step_passed;
@@ -355,6 +400,14 @@ int main(int argc, char** argv) {
       per_step = true;
     } else if (a == "--place-by-use") {
       place_by_use = true;
+    } else if (a == "--scale" && i + 1 < argc) {
+      scale = std::strtod(argv[++i], nullptr);
+      if (!(scale > 0)) {
+        fprintf(stderr, "pool-policy: --scale takes a positive factor, not '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (a == "--bring-in") {
+      place_by_use = bring_in_always = true;
     } else if (a == "--misses-from" && i + 1 < argc) {
       per_step = true;
       misses_from = std::atoi(argv[++i]);

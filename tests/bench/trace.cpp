@@ -2,7 +2,9 @@
 // line by line, with the line named in every error.
 #include "trace.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -29,7 +31,7 @@ bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
 
 }  // namespace
 
-std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error) {
+std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error, double scale) {
   Trace t;
   std::vector<std::uint64_t> live_bytes;  // by id; 0: not live
   std::uint64_t live = 0;
@@ -95,6 +97,10 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     }
     std::string rest;
     if (fields >> rest) return fail("unexpected '" + rest.substr(0, 20) + "' after the event");
+    if (e.alloc && e.bytes >= (1u << 20) && scale != 1) {
+      e.bytes = std::max<std::uint64_t>(1, std::llround(double(e.bytes) * scale));
+      e.off_device = std::min<std::uint64_t>(e.bytes, std::llround(double(e.off_device) * scale));
+    }
     if (e.id >= live_bytes.size()) live_bytes.resize(e.id + 1, 0);
     if (e.alloc) {
       if (e.bytes == 0) return fail("allocation of 0 bytes");
@@ -115,7 +121,7 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
   return t;
 }
 
-std::optional<Trace> load(const std::string& path, std::string* error) {
+std::optional<Trace> load(const std::string& path, std::string* error, double scale) {
   if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
     *error = path + ": compressed traces are read by tests/traces/gmem_trace.py only; gunzip it first";
     return std::nullopt;
@@ -125,7 +131,7 @@ std::optional<Trace> load(const std::string& path, std::string* error) {
     *error = path + ": cannot open";
     return std::nullopt;
   }
-  return parse(in, path, error);
+  return parse(in, path, error, scale);
 }
 
 std::string name_of(const std::string& path) {

@@ -40,9 +40,11 @@ struct Trace {
 };
 
 // The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks
-// the format.
-std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error);
-std::optional<Trace> load(const std::string& path, std::string* error);
+// the format. With `scale`, every allocation of 1 MiB or more (and its bytes
+// off the device) is that many times as large: the same job at another size
+// (a GCN's tensors grow with its nodes).
+std::optional<Trace> parse(std::istream& in, const std::string& where, std::string* error, double scale = 1);
+std::optional<Trace> load(const std::string& path, std::string* error, double scale = 1);
 
 // A trace's name in BENCH lines: the file name without .trace, every other
 // character than [A-Za-z0-9_] made '_'.

@@ -83,6 +83,12 @@ CUresult synchronize() {
   for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
   return CUDA_SUCCESS;
 }
+// Copies move no bytes here: a move's (VmmPool::carry_out) are counted.
+CUresult copy(CUdeviceptr, CUdeviceptr, std::size_t bytes, CUstream) {
+  accounts.copied += bytes;
+  return CUDA_SUCCESS;
+}
+CUresult stream_synchronize(CUstream) { return synchronize(); }
 CUresult get_current(CUcontext* c) { return *c = context_of(0), CUDA_SUCCESS; }
 CUresult set_current(CUcontext) { return CUDA_SUCCESS; }
 CUresult device_count(int* count) { return *count = accounts.peer_total ? 2 : 1, CUDA_SUCCESS; }
@@ -134,6 +140,8 @@ vmm::Driver driver() {
   d.cuEventQuery = event_query;
   d.cuEventSynchronize = event_synchronize;
   d.cuCtxSynchronize = synchronize;
+  d.cuMemcpyDtoDAsync_v2 = copy;
+  d.cuStreamSynchronize = stream_synchronize;
   d.cuCtxGetCurrent = get_current;
   d.cuCtxSetCurrent = set_current;
   d.cuDeviceGetCount = device_count;

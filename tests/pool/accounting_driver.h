@@ -2,7 +2,7 @@
 // policy replays and the unit tests of its parts: one device whose host has
 // a NUMA node for pinned chunks (the spill tiers' host tier), and with
 // peer_total a second device, its peer; chunks made and released,
-// mappings, and events that complete `lag` calls after they were recorded,
+// mappings, copies, and events that complete `lag` calls after they were recorded,
 // as on a GPU that runs behind the program. Single-threaded.
 #pragma once
 
@@ -30,6 +30,7 @@ struct Accounts {
   CUdeviceptr next_address = CUdeviceptr{1} << 40;
   uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
   uint64_t host_creates = 0, host_maps = 0;  // of creates and maps
+  uint64_t copied = 0;  // bytes, by cuMemcpyDtoDAsync
 };
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call

@@ -33,6 +33,18 @@ TEST(Trace, ReadsEventsStreamsAndThePeak) {
   EXPECT_EQ(t->ids, 4u);
 }
 
+TEST(Trace, AScaledTraceIsTheSameJobWithItsLargeRequestsScaled) {
+  std::string error;
+  std::istringstream in(header + "a 0 4194304 0 2097152\na 1 100 0\nf 0\na 0 3145728 0\n");
+  auto t = parse(in, "t", &error, 0.5);
+  ASSERT_TRUE(t) << error;
+  EXPECT_EQ(t->events[0].bytes, 2097152u);
+  EXPECT_EQ(t->events[0].off_device, 1048576u);
+  EXPECT_EQ(t->events[1].bytes, 100u) << "below 1 MiB: kept";
+  EXPECT_EQ(t->events[3].bytes, 1572864u);
+  EXPECT_EQ(t->peak_requested, 2097152u + 100u);
+}
+
 TEST(Trace, GmemsOwnTracesSayWhatWasPlacedOffTheDevice) {
   std::string error;
   auto t = read(header + "a 0 100 0 40\na 1 50 1 0\nf 0\n", &error);
