@@ -174,13 +174,9 @@ std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext con
   const auto [held, paused] = this->paused([&](std::vector<Block>* blocks) {
     in_context(driver_, context, [&] {
       for (CUdeviceptr base : bases) {
-        VmmPool::Move move;
-        if (!vmm_.plan_move(base, false, &move)) continue;
-        // The copies run on the legacy stream: nothing else runs now.
-        const bool done = vmm_.carry_out(move, nullptr) == CUDA_SUCCESS;
-        vmm_.finish_move(move, done);
-        if (!done) continue;
-        brought += move.bytes;
+        const std::size_t bytes = vmm_.move_in(base);
+        if (!bytes) continue;
+        brought += bytes;
         ++ranges;
         if (std::optional<Block> block = vmm_.find(base); block && block->size) blocks->push_back(*block);
       }

@@ -205,6 +205,11 @@ class VmmPool {
   // Under the lock: with `done`, the range holds the new chunks and the old
   // ones are free; else the new ones are. The range is no longer moving.
   void finish_move(Move& move, bool done);
+  // Only while nothing else runs (the program's submissions held and its
+  // contexts synchronized, the range's context current): the live range at
+  // `base` moved onto the device, as far as device chunks can be had, by the
+  // three above (its copies on the legacy stream). The bytes moved; 0 if none.
+  std::size_t move_in(CUdeviceptr base);
 
   static constexpr std::size_t small_max = Slabs::small_max;  // larger requests get whole ranges
 

@@ -230,4 +230,12 @@ void VmmPool::finish_move(Move& move, bool done) {
   publish_free_figures(move.device);
 }
 
+std::size_t VmmPool::move_in(CUdeviceptr base) {
+  Move move;
+  if (!plan_move(base, false, &move)) return 0;
+  const bool done = carry_out(move, nullptr) == CUDA_SUCCESS;
+  finish_move(move, done);
+  return done ? move.bytes : 0;
+}
+
 }  // namespace gmem::pool

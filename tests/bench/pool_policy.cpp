@@ -103,13 +103,9 @@ int64_t bring_in(gmem::pool::VmmPool& pool, gmem::pool::Tiers& tiers, const gmem
   if (bases.empty()) return 0;
   driver.cuCtxSynchronize();
   for (CUdeviceptr base : bases) {
-    gmem::pool::VmmPool::Move move;
-    if (!pool.plan_move(base, false, &move)) continue;
-    const bool done = pool.carry_out(move, nullptr) == CUDA_SUCCESS;
-    pool.finish_move(move, done);
-    if (!done) continue;
-    brought += move.bytes;
-    ++brought_in;
+    const std::size_t bytes = pool.move_in(base);
+    brought += bytes;
+    brought_in += bytes > 0;
   }
   return int64_t(double(brought) / 51.0);
 }
