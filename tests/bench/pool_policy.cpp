@@ -149,6 +149,11 @@ int replay(const std::string& path) {
       fprintf(stderr, "pool-policy: %s: --place-by-use needs a trace with use lines\n", path.c_str());
       return 1;
     }
+    if (bring_in_always && !tiers) {
+      fprintf(stderr, "pool-policy: %s: --bring-in needs memory to bring in from (--host-memory or --peer-memory)\n",
+              path.c_str());
+      return 1;
+    }
     table.emplace(true);
     pool.track_access(&*table);
     uses.emplace(&*table, true);
