@@ -182,7 +182,7 @@ replay_traces_driver() {
 }
 
 # The README's first command's demo (scripts/quickstart-demo.sh) on the GPU: a
-# job of 1.5x its memory, without gmem (out of memory), then under gmem with
+# job of 1.5x its memory (less on a small host), without gmem (out of memory), then under gmem with
 # gmemctl's view. The demo takes a build tree; this one is made of .carry/.
 quickstart_demo() {
   local tree=$out/quickstart-tree

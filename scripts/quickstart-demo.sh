@@ -4,8 +4,12 @@
 # memory), then under gmem with a gmemd started for it, and one screen says
 # where its bytes went, what the pool's stitching saved, and what gmemctl
 # shows while it runs. On the GPU when this machine has a CUDA driver,
-# otherwise on gmem's emulated driver, as a 4 GiB device (the spill then
-# needs 3 GiB of pinned host memory, within half of what the host has free).
+# otherwise on gmem's emulated driver, as a 4 GiB device. The spill goes to
+# pinned host memory, of which gmem takes at most half of what the host has
+# free by default (host_budget): where 1.5x the device would not fit in the
+# device and 9/10 of that budget, less a tenth of the device (what the device
+# keeps back, and the pool's rounding while it spills), the job holds less (an
+# H200 on a host with 125 GiB free: 1.3x).
 #   scripts/quickstart-demo.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,15 +22,28 @@ conf=report:1  # gmem's defaults (the pool included), and its report at exit
 native=()
 if /sbin/ldconfig -p | grep -q 'libcuda.so.1 ' && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   echo "quickstart: a job larger than this GPU, without gmem and then under gmem"
+  device_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 else
   echo "quickstart: no GPU here: gmem's emulated driver (tests/emu) plays a 4 GiB one"
   export GMEM_EMU_DEVICE_MEMORY=4G
   native=(env "LD_LIBRARY_PATH=$build/tests/emu")
   export GMEM_REAL_LIBCUDA=$build/tests/emu/libcuda.so.1
+  device_mib=4096
+fi
+# How many times the device's memory the job holds: 1.5, or what the device
+# and 9/10 of gmem's default host budget (half of MemAvailable) hold, less a
+# tenth of the device.
+available_mib=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+times=$(awk -v d="$device_mib" -v a="$available_mib" \
+  'BEGIN { t = 1 + (0.9 * a / 2 - 0.1 * d) / d; printf "%.2f", t < 1.5 ? t : 1.5 }')
+if awk -v t="$times" 'BEGIN { exit !(t < 1.1) }'; then
+  echo "quickstart: this host has $available_mib MiB of memory available; gmem's default host budget (half of it)" \
+    "cannot hold a job 1.1x this ${device_mib} MiB device: free host memory, or run on a host with more" >&2
+  exit 1
 fi
 
 echo "without gmem:"
-if "${native[@]}" "$job" | sed 's/^/  /'; then
+if "${native[@]}" "$job" "$times" | sed 's/^/  /'; then
   echo "quickstart: the job ran without gmem: it is not larger than this device" >&2
   exit 1
 fi
@@ -51,7 +68,7 @@ done
 echo "with gmem (LD_PRELOAD=$shim):"
 # The job holds its memory until its standard input (a fifo) closes.
 mkfifo "$tmp/stdin"
-LD_PRELOAD=$shim GMEM_CONF=$conf "$job" --hold <"$tmp/stdin" >"$tmp/out" 2>"$tmp/report" &
+LD_PRELOAD=$shim GMEM_CONF=$conf "$job" --hold "$times" <"$tmp/stdin" >"$tmp/out" 2>"$tmp/report" &
 pid=$!
 exec 3>"$tmp/stdin"
 until grep -q '^holding' "$tmp/out"; do
