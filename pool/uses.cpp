@@ -62,6 +62,12 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   return true;
 }
 
+bool Uses::plans(int device) const {
+  std::lock_guard lock(mutex_);
+  const auto it = devices_.find(device);
+  return it != devices_.end() && it->second.planning();
+}
+
 bool Uses::brings_in(int device) const {
   std::lock_guard lock(mutex_);
   const auto it = devices_.find(device);

@@ -101,6 +101,9 @@ class Uses {
   // The allocation at `base` is about to be freed: its counts join its kind's.
   void freed(CUdeviceptr base, std::size_t size);
 
+  // Whether the plan places `device`'s requests now: while it is tried, and
+  // after if it was kept.
+  bool plans(int device) const;
   // Whether launches on `device` bring their spilled references in now
   // (bring_in:tried): while it is tried, and after if it was kept.
   bool brings_in(int device) const;

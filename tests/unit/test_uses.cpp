@@ -217,14 +217,20 @@ TEST(Uses, NothingIsPlannedWhileAPeerHoldsPartOfThePeak) {
 TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
   for (const auto& [planned_ns, kept] : {std::pair<int64_t, bool>{94'000'000, true}, {96'000'000, false}}) {
     Job job(true, 64 * mib);
-    for (int i = 0; i < ordered_steps; ++i) job.step(i == 2 ? 100'000'000 : 150'000'000);  // shortest: 100 ms
+    for (int i = 0; i < ordered_steps; ++i) {
+      job.step(i == 2 ? 100'000'000 : 150'000'000);  // shortest: 100 ms
+      EXPECT_EQ(job.uses().plans(0), i == ordered_steps - 1) << "step " << i;
+    }
     // A step's time runs from its peak to the next one's: the first step with
     // the plan settles it, the time from its peak to the second's is timed,
     // and the trial ends at the second's peak (after its requests were placed).
     EXPECT_EQ(job.step(planned_ns), (Off{128 * mib, 0, 0}));
+    EXPECT_TRUE(job.uses().plans(0));
     EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0}));
+    EXPECT_EQ(job.uses().plans(0), kept);
     const Off after = kept ? Off{128 * mib, 0, 0} : Off{0, 0, 0};
     for (int i = 0; i < 3; ++i) EXPECT_EQ(job.step(), after) << planned_ns << " ns, step " << i;
+    EXPECT_FALSE(job.uses().plans(1)) << "a device never seen";
     EXPECT_NE(job.uses().report().find(kept ? "trial=kept ordered_step_ms=100.0" : "trial=dropped ordered_step_ms=100.0"),
               std::string::npos) << job.uses().report();
   }
