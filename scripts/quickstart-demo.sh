@@ -25,10 +25,10 @@ if /sbin/ldconfig -p | grep -q 'libcuda.so.1 ' && command -v nvidia-smi >/dev/nu
   device_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 else
   echo "quickstart: no GPU here: gmem's emulated driver (tests/emu) plays a 4 GiB one"
-  export GMEM_EMU_DEVICE_MEMORY=4G
+  device_mib=4096
+  export GMEM_EMU_DEVICE_MEMORY=${device_mib}M
   native=(env "LD_LIBRARY_PATH=$build/tests/emu")
   export GMEM_REAL_LIBCUDA=$build/tests/emu/libcuda.so.1
-  device_mib=4096
 fi
 # How many times the device's memory the job holds: 1.5, or what the device
 # and 9/10 of gmem's default host budget (half of MemAvailable) hold, less a

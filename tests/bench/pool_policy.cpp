@@ -41,10 +41,11 @@
 // the device (at 51 GB/s, and 1 us a launch): the policy on a recorded job's
 // real uses, without a GPU. "gmem: report use/place" lines follow.
 // --plan-slower F (with --place-by-use) makes every launch take F times as
-// long while the plan is in force: above 20/19 the plan's trial drops it, as
-// the GPU did for the GCN at 2.3x (its products' readers run slower over host
-// memory than their passes say), and the replay goes on in the order
-// requested after the trial, as the GPU's did.
+// long while the plan is in force: where that makes the plan's step at least
+// 19/20 of the shortest in the order requested, the trial drops it (for the
+// GCN at 2.3x, F above 1.7), as the GPU did (its products' readers run slower
+// over host memory than their passes say), and the replay goes on in the
+// order requested after the trial, as the GPU's did.
 // --bring-in (with --place-by-use) also brings the allocations each use line
 // names onto the device before its launch, whole, where they have 64 MiB or
 // more in host memory and the device has room (as bring_in:always does, after a
