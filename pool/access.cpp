@@ -110,7 +110,6 @@ AccessRecord* AccessTable::add(CUdeviceptr base, std::size_t size, int device, s
   record->host_.store(int64_t(host_bytes), std::memory_order_relaxed);
   record->peer_.store(int64_t(peer_bytes), std::memory_order_relaxed);
   record->taken_ = sums(record->id_);  // what its last range's launches counted is not this one's
-  record->life_.fetch_add(1, std::memory_order_relaxed);
   // Published by the release stores: a reader that finds it sees it filled.
   for (uint64_t s = base >> slot_bits, end = (base + size) >> slot_bits; s < end; ++s) {
     slot(s, true)->store(record, std::memory_order_release);

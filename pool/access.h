@@ -48,14 +48,10 @@ class AccessRecord {
     uint64_t bytes = 0;
     // Passes over the range: launches, less those that continue the same
     // kernel's walk through it (the same function as the thread's last launch
-    // to reference the range in its life, at the same or a higher address). A
-    // kernel over more elements than one launch takes (PyTorch splits at 2
-    // GB) is one pass, as is a kernel run on each slice of a tensor in turn: a
-    // count of how many times the range's bytes are touched, not of launches.
-    // The same address counts too: some split kernels pass an operand's base
-    // to every piece (the GCN's backward mul, over its 37 GB input, in 32
-    // launches), and counted apart they made a tensor written and read once
-    // look passed over 30 times (docs/results.md).
+    // to reference the range, at a higher address). A kernel over more
+    // elements than one launch takes (PyTorch splits at 2^31) is one pass, as
+    // is a kernel run on each slice of a tensor in turn: a count of how many
+    // times the range's bytes are touched, not of launches.
     uint64_t passes = 0;
     bool operator==(const Figures&) const = default;
     Figures operator-(const Figures& o) const { return {launches - o.launches, bytes - o.bytes, passes - o.passes}; }
@@ -73,11 +69,7 @@ class AccessRecord {
   Figures figures() const;
   // The figures, reset to zero at once (no launch is lost between the two).
   Figures take();
-  // A new life: the allocation it tracks is new (its first launch is a pass).
-  void reset() {
-    take();
-    life_.fetch_add(1, std::memory_order_relaxed);
-  }
+  void reset() { take(); }
 
   // Part of the range moved between tiers (the tiers tell: pool/tiers.h).
   void placed(int64_t host_delta, int64_t peer_delta);
@@ -95,7 +87,6 @@ class AccessRecord {
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
   std::atomic<bool> moving_{false};
-  std::atomic<uint32_t> life_{0};  // reset() and add() start a new one
   AccessTable* table_ = nullptr;
   uint32_t id_ = 0;  // dense: the index of its counts in each thread's
   Figures taken_;    // the sums when last taken (under the table's mutex)
@@ -161,10 +152,9 @@ class AccessTable {
     std::atomic<uint64_t> launches{0}, bytes{0}, passes{0};
     uint32_t mark = 0;  // the owner's only: the last launch that counted this record
     // The owner's only: the function and offset of the last launch that
-    // referenced the range, in the range's life `life` (Figures::passes).
+    // referenced the range (Figures::passes).
     const void* function = nullptr;
     uint64_t offset = 0;
-    uint32_t life = 0;
   };
   struct ThreadCounts {
     std::array<std::atomic<Counts*>, page_count> pages{};
@@ -248,13 +238,11 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   if (trace_ && record.size() >= large_range) large_.push_back(record.base());
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
-  const uint32_t life = record.life_.load(std::memory_order_relaxed);
-  if (!function_ || counts.function != function_ || offset < counts.offset || counts.life != life) {
+  if (!function_ || counts.function != function_ || offset <= counts.offset) {
     counts.passes.store(counts.passes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   counts.function = function_;
   counts.offset = offset;
-  counts.life = life;
   const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
   if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
   const int device = record.device();

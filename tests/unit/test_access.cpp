@@ -143,32 +143,6 @@ TEST(LaunchReferences, LaunchesOfOneKernelWalkingARangeUpwardAreOnePass) {
   EXPECT_EQ(r->figures(), (AccessRecord::Figures{8, 0, 4}));
 }
 
-// Some split kernels pass an operand's base to every piece: launches of one
-// kernel at the same address go on the same pass, until the range's
-// allocation is new (reset) or its record serves another range.
-TEST(LaunchReferences, LaunchesOfOneKernelAtOneAddressAreOnePassInOneLife) {
-  AccessTable table;
-  AccessRecord* r = table.add(base, 8 * mib, 0, 0, 0);
-  const int split = 0;
-  auto launch = [&](CUdeviceptr address) {
-    LaunchReferences refs(table, &split);
-    refs.word(address);
-    refs.finish(nullptr);
-  };
-  for (int piece = 0; piece < 4; ++piece) launch(base);  // one pass, 4 launches
-  launch(base + 2 * mib);                                // going on
-  launch(base);                                          // from the start again: the next
-  EXPECT_EQ(r->figures(), (AccessRecord::Figures{6, 0, 2}));
-  r->reset();  // a new allocation: its first launch is a pass, at any address
-  launch(base);
-  EXPECT_EQ(r->figures(), (AccessRecord::Figures{1, 0, 1}));
-  table.remove(base, 8 * mib);
-  AccessRecord* again = table.add(base, 8 * mib, 0, 0, 0);
-  ASSERT_EQ(again, r);  // the record serves the next range
-  launch(base);
-  EXPECT_EQ(again->figures(), (AccessRecord::Figures{1, 0, 1}));
-}
-
 // Lookups and counts race adds and removes: a reader only ever gets null or
 // one of the table's records (never freed memory), every record it gets
 // describes one of the ranges ever added, and once every range is gone
