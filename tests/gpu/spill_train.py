@@ -26,7 +26,12 @@ step times (default): --sizes S... [--reference R]
   _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first
   warmup step over the median timed one), _cached_free_at_peak (of what gmem
   held at the last whole step's peak while it spilled, the share no allocation
-  used; from report:1) and spill_<job>_<R>_in_memory_step_ms.
+  used; from report:1) and spill_<job>_<R>_in_memory_step_ms. With 3 timed
+  steps or more, also _steady_step_ms, _steady_vs_in_memory_scaled and
+  _steady_step_vs_pcie_limit: the median of the last 3 timed steps, and of
+  their steps / limits. gmem's trials of placement take the first steps of a
+  spilled run (pool/uses.h), and the median of all steps mixes them in: run
+  enough steps (10 or more) for the last 3 to be past them.
   A size that runs out of memory is a row saying so (and fails the run with
   --must-train); any other failure, or a reference that does not train, fails
   the run. With --op-times, each run takes one more step with every op timed
@@ -100,6 +105,9 @@ def step_times(args):
         f = figures[size] = {"step_ms": r["step_ms"], "gpu_multiple": r["physical_peak"] / r["total_memory"],
                              "vs_in_memory_scaled": r["step_ms"] / scaled if scaled else None}
         f.update(pcie_figures(r, args.pcie_gbps))
+        f.update(steady_figures(r, args.pcie_gbps))
+        if scaled and "steady_step_ms" in f:
+            f["steady_vs_in_memory_scaled"] = f["steady_step_ms"] / scaled
         if r.get("warmup_ms"):
             f["first_vs_steady"] = r["warmup_ms"][0] / r["step_ms"]
         if "step_peak" in r:
@@ -145,7 +153,10 @@ def step_times(args):
         for key, name, unit in (("pcie_gb", "pcie_gb_per_step", "GB"),
                                 ("host_access_gb", "host_access_gb_per_step", "GB"),
                                 ("pcie_limit_ms", "pcie_limit_ms", "ms"),
-                                ("step_vs_pcie_limit", "step_vs_pcie_limit", "x")):
+                                ("step_vs_pcie_limit", "step_vs_pcie_limit", "x"),
+                                ("steady_step_ms", "steady_step_ms", "ms"),
+                                ("steady_vs_in_memory_scaled", "steady_vs_in_memory_scaled", "x"),
+                                ("steady_step_vs_pcie_limit", "steady_step_vs_pcie_limit", "x")):
             if key in f:
                 print(f"BENCH spill_{args.job}_{size}_{name} {f[key]:.3f} {unit}")
         if "first_vs_steady" in f:
@@ -169,6 +180,21 @@ def pcie_figures(r, gbps):
         f["pcie_limit_ms"] = statistics.median(limit_ms(step, gbps) for step in r["pcie_bytes"])
         if f["pcie_limit_ms"]:
             f["step_vs_pcie_limit"] = r["step_ms"] / f["pcie_limit_ms"]
+    return f
+
+
+def steady_figures(r, gbps, last=3):
+    """The last `last` timed steps' median time, and the median of their
+    steps / limits where each has its PCIe bytes; nothing with fewer steps."""
+    steps = r.get("steps_ms", [])[-last:]
+    if len(steps) < last:
+        return {}
+    f = {"steady_step_ms": statistics.median(steps)}
+    pcie = r.get("pcie_bytes", [])
+    if len(pcie) == len(r["steps_ms"]):
+        ratios = [ms / limit_ms(b, gbps) for ms, b in zip(steps, pcie[-last:]) if limit_ms(b, gbps)]
+        if ratios:
+            f["steady_step_vs_pcie_limit"] = statistics.median(ratios)
     return f
 
 
