@@ -12,7 +12,7 @@ namespace gmem::ipc {
 
 namespace {
 
-constexpr int reply_timeout_ms = 2000;
+constexpr int lease_reply_timeout_ms = 2000;
 // After an empty answer (or none), the next ask waits this long: gmemd may
 // still be pinning, or another job may give units back.
 constexpr auto ask_again_after = std::chrono::seconds(1);
@@ -82,7 +82,7 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
     }
     pid_ = getpid();
   }
-  if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, reply_timeout_ms) ||
+  if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, lease_reply_timeout_ms) ||
       g->magic != host_pool::magic || g->version != host_pool::version || fds->size() != g->count) {
     fds::close_all(*fds);
     if (!imported_.empty() || !fds_.empty()) {
@@ -94,7 +94,7 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
       log_message(LogLevel::warn,
                   "host pool on %s: no valid answer within %d ms; this job borrows no more and pins its own "
                   "host memory",
-                  socket_path_.c_str(), reply_timeout_ms);
+                  socket_path_.c_str(), lease_reply_timeout_ms);
       off_ = true;
       return false;
     }

@@ -17,9 +17,12 @@ case "${1:-}" in
     dir=build-sanitize
     # GCC 12 reports false maybe-uninitialized warnings in libstdc++ under ASan.
     # Unoptimized: compiling takes a third of the time it takes at -O2, which
-    # is most of this run's time.
+    # is most of this run's time. A unity build (four files of a target
+    # compiled as one) takes 30% less again: 204 s against 293 s on 2 cores.
+    # A name two files of one target both define (in an anonymous namespace)
+    # then collides; rename one.
     options=(-Db_sanitize=address,undefined -Db_lundef=false -Doptimization=0 -Dstress_iterations=10000
-             -Dcpp_args=-Wno-maybe-uninitialized)
+             -Dcpp_args=-Wno-maybe-uninitialized -Dunity=on)
     # The shim is preloaded ahead of the ASan runtime. Leak checking is off: the
     # shim's state and the emulator's contexts live until the process ends.
     export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
@@ -29,8 +32,11 @@ case "${1:-}" in
     dir=build-tsan
     # The stress test as under ASan: at the default 100000 allocations per
     # thread it alone took 13 minutes under TSan. (Built at -O1, the gRPC and
-    # mover tests failed on their deadlines: -O2 stays.)
-    options=(-Db_sanitize=thread -Db_lundef=false -Doptimization=2 -Dstress_iterations=10000 -Dcpp_args=-Wno-tsan)
+    # mover tests failed on their deadlines: -O2 stays.) A unity build, as under
+    # ASan, and line tables only (-g1; TSan's reports keep their files, lines
+    # and inlined frames): 176 s to build on 2 cores, against 331 s unity off at -g.
+    options=(-Db_sanitize=thread -Db_lundef=false -Doptimization=2 -Dstress_iterations=10000
+             "-Dcpp_args=-Wno-tsan -g1" -Dunity=on)
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
     # Ten thousand gRPC watchers outrun their test's deadlines at TSan's speed,
     # inside gRPC, which Debian builds without TSan: that load test runs in the
@@ -53,5 +59,7 @@ if [ -d "$dir" ]; then
 else
   meson setup "$dir" "${options[@]}"
 fi
-ninja -C "$dir"
+# The plain suite builds everything, the benchmarks and GPU programs included;
+# the sanitized ones only what their tests run (meson test builds that).
+[ "$dir" != build ] || ninja -C "$dir"
 meson test -C "$dir" --print-errorlogs --num-processes 2 --timeout-multiplier "$timeout"

@@ -13,10 +13,12 @@
 
 namespace {
 
-constexpr std::size_t kib = 1 << 10, mib = 1 << 20;
-
 class Ipc : public testing::Test {
  protected:
+  // Members: conformance.cpp has a mib of its own, and CI compiles both files
+  // as one (a unity build: scripts/test.sh, .ci/run).
+  static constexpr std::size_t kib = 1 << 10, mib = 1 << 20;
+
   void SetUp() override {
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
