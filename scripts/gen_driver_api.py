@@ -175,20 +175,38 @@ gmem_gate_common:
     .cfi_def_cfa_register %rbp
     pushq %r11
 gmem_gate_enter:
+#ifdef __SANITIZE_THREAD__
+    gmem_save_arguments
+    call gmem_gate_tsan_enter
+    movzbl %al, %r10d
+    gmem_restore_arguments
+    testl %r10d, %r10d
+    jne gmem_gate_wait_now
+#else
     lock incq gmem_gate_in_flight(%rip)
     cmpb $0, gmem_gate_closed(%rip)
     jne gmem_gate_closed_now
+#endif
     subq $""" + str(8 * GATE_STACK_SLOTS + 8) + """, %rsp
 """ + copy_slots + """    movq -8(%rbp), %r11
     leaq gmem_real_table(%rip), %r10
     call *(%r10,%r11,8)
+#ifdef __SANITIZE_THREAD__
+    pushq %rax
+    pushq %rax
+    call gmem_gate_tsan_leave
+    popq %rax
+    popq %rax
+#else
     lock decq gmem_gate_in_flight(%rip)
+#endif
     leave
     .cfi_def_cfa %rsp, 8
     ret
     .cfi_def_cfa %rbp, 16
 gmem_gate_closed_now:
     lock decq gmem_gate_in_flight(%rip)
+gmem_gate_wait_now:
     gmem_save_arguments
     call gmem_gate_wait
     gmem_restore_arguments
