@@ -57,11 +57,15 @@ AccessTable::Counts* AccessTable::ThreadCounts::new_page(uint32_t id) {
 AccessTable::ThreadCounts& AccessTable::thread_counts() {
   ThreadCache& cache = thread_cache;
   if (cache.table != serial_) {
-    std::lock_guard lock(mutex_);
-    cache.counts = threads_.emplace_back(std::make_unique<ThreadCounts>()).get();
+    cache.counts = &add_thread_counts();
     cache.table = serial_;
   }
   return *cache.counts;
+}
+
+AccessTable::ThreadCounts& AccessTable::add_thread_counts() {
+  std::lock_guard lock(mutex_);
+  return *threads_.emplace_back(std::make_unique<ThreadCounts>());
 }
 
 AccessRecord::Figures AccessTable::sums(uint32_t id) const {
@@ -142,8 +146,9 @@ void AccessTable::wait_unmoved(const AccessRecord& record) {
 }
 
 // Each launch takes a new mark, so no mark is cleared between launches.
-LaunchReferences::LaunchReferences(AccessTable& table, const void* function, TraceRecorder* trace)
-    : table_(table), function_(function), trace_(trace), counts_(table.thread_counts()) {
+LaunchReferences::LaunchReferences(AccessTable& table, AccessTable::ThreadCounts& counts, const void* function,
+                                   TraceRecorder* trace)
+    : table_(table), function_(function), trace_(trace), counts_(counts) {
   if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones
     for (auto& page : counts_.pages) {
       if (AccessTable::Counts* counts = page.load(std::memory_order_relaxed)) {
@@ -156,7 +161,7 @@ LaunchReferences::LaunchReferences(AccessTable& table, const void* function, Tra
 }
 
 void LaunchReferences::finish(Publisher* publisher) {
-  if (trace_ && !large_.empty()) trace_->used(large_);
+  if (trace_ && !large_.empty()) trace_->used(function_, large_);
   if (!publisher) return;
   for (uint32_t left = devices_; left; left &= left - 1) {
     const int d = __builtin_ctz(left);

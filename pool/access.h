@@ -24,6 +24,14 @@ namespace gmem::pool {
 class AccessTable;
 class TraceRecorder;
 
+// A large range one launch referenced, as the trace writes it (TraceRecorder::used):
+// its base, and the offset in it of the launch's first address there.
+struct RangeReference {
+  CUdeviceptr base = 0;
+  uint64_t offset = 0;
+  bool operator==(const RangeReference&) const = default;
+};
+
 // Allocations of at least this size are followed one by one: placing by use
 // (pool/uses.h) and the trace's use lines (LaunchReferences) know them;
 // smaller ones live in slabs and small ranges, shared with others.
@@ -169,6 +177,8 @@ class AccessTable {
   };
   // The calling thread's counts (registered at its first launch).
   ThreadCounts& thread_counts();
+  // Counts of a launching thread the caller keeps apart (a replay's threads).
+  ThreadCounts& add_thread_counts();
 
  private:
   friend class AccessRecord;
@@ -202,7 +212,12 @@ class LaunchReferences {
   // `function`: the kernel launched (null: every launch a pass of its own).
   // With `trace`, the launch's large ranges (those pool/uses.h follows) are
   // written to it as a use (TraceRecorder::used) when it is counted.
-  explicit LaunchReferences(AccessTable& table, const void* function = nullptr, TraceRecorder* trace = nullptr);
+  explicit LaunchReferences(AccessTable& table, const void* function = nullptr, TraceRecorder* trace = nullptr)
+      : LaunchReferences(table, table.thread_counts(), function, trace) {}
+  // Counted as a launch of the thread whose counts are `counts` (a replay's:
+  // AccessTable::add_thread_counts).
+  LaunchReferences(AccessTable& table, AccessTable::ThreadCounts& counts, const void* function,
+                   TraceRecorder* trace = nullptr);
   // One parameter word: a reference if it is an address inside a pool range.
   void word(uint64_t value) {
     if (AccessRecord* record = table_.find(value)) reference(*record, value);
@@ -220,7 +235,7 @@ class LaunchReferences {
   const AccessTable& table_;
   const void* const function_;
   TraceRecorder* const trace_;
-  std::vector<CUdeviceptr> large_;  // with trace_: the large ranges referenced, by base
+  std::vector<RangeReference> large_;  // with trace_: the large ranges referenced
   AccessTable::ThreadCounts& counts_;
   uint32_t mark_;  // this launch's
   uint64_t ranges_ = 0;
@@ -235,9 +250,9 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   if (counts.mark == mark_) return;
   counts.mark = mark_;
   ++ranges_;
-  if (trace_ && record.size() >= large_range) large_.push_back(record.base());
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
+  if (trace_ && record.size() >= large_range) large_.push_back({record.base(), offset});
   if (!function_ || counts.function != function_ || offset <= counts.offset) {
     counts.passes.store(counts.passes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }

@@ -98,17 +98,22 @@ bool TraceRecorder::device_full_said() {
   return device_full_;
 }
 
-void TraceRecorder::used(const std::vector<CUdeviceptr>& bases) {
+void TraceRecorder::used(const void* function, const std::vector<RangeReference>& references) {
   std::lock_guard lock(mutex_);
   if (getpid() != pid_) return;
   const long long us = (now_ns() - opened_ns_) / 1000;
   bool written = false;
-  for (CUdeviceptr base : bases) {
-    auto it = ids_.find(base);
+  for (const RangeReference& reference : references) {
+    auto it = ids_.find(reference.base);
     if (it == ids_.end()) continue;
-    if (!written) std::fprintf(out_, "u %lld", us);
+    if (!written) {
+      const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
+      std::fprintf(out_, "u %lld t%u", us, thread);
+      if (function) std::fprintf(out_, " k%u", functions_.try_emplace(function, uint32_t(functions_.size())).first->second);
+    }
     written = true;
     std::fprintf(out_, " %u", it->second);
+    if (reference.offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(reference.offset));
   }
   if (!written) return;
   std::fputc('\n', out_);

@@ -14,9 +14,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "pool/access.h"
 #include "pool/clock.h"
 #include "pool/recall.h"
 #include "pool/stream_order.h"
@@ -47,9 +49,12 @@ class TraceRecorder {
                  const Made* made = nullptr);
   // The allocation at `base` was freed (one the trace saw allocated).
   void freed(CUdeviceptr base);
-  // A kernel or graph launch referenced the allocations at `bases` (those
-  // the trace saw allocated are written; pool/access.h says which it passes).
-  void used(const std::vector<CUdeviceptr>& bases);
+  // A launch of `function` (null: a graph, or not known) by the calling
+  // thread referenced these large ranges (those the trace saw allocated are
+  // written, with the offsets; pool/access.h says which it passes). Threads
+  // and functions are written as small numbers, in the order first seen, so
+  // a replay can count passes as the launching threads did (pool-policy).
+  void used(const void* function, const std::vector<RangeReference>& references);
   // The device first spilled, the pool then holding `device_bytes` of its
   // memory: a comment line, written once, from which a replay takes the
   // device's size (pool-policy). `device_full_said`: whether it was written.
@@ -69,6 +74,8 @@ class TraceRecorder {
   std::vector<uint32_t> free_ids_;  // a min-heap: ids are reused smallest first
   uint32_t next_id_ = 0;
   std::unordered_map<StreamId, uint32_t> streams_;
+  std::unordered_map<std::thread::id, uint32_t> threads_;  // that launched, numbered
+  std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
   bool device_full_ = false;  // said
 };
 

@@ -150,6 +150,7 @@ int replay(const std::string& path) {
   // the placement learned from it; time is what the launches' passes take.
   std::optional<gmem::pool::AccessTable> table;
   std::optional<gmem::pool::Uses> uses;
+  std::vector<gmem::pool::AccessTable::ThreadCounts*> thread_counts;  // by the trace's thread
   int64_t clock_ns = 0;
   if (place_by_use) {
     if (trace->uses.empty()) {
@@ -206,14 +207,22 @@ int replay(const std::string& path) {
       next_use = 0;
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
-      if (bring_in_always) clock_ns += bring_in(pool, *tiers, driver, trace->uses[next_use].ids, live, live_bytes);
+      const gmem::trace::Trace::Use& use = trace->uses[next_use];
+      if (bring_in_always) clock_ns += bring_in(pool, *tiers, driver, use.ids, live, live_bytes);
       uint64_t passed = 0;
+      // Counted as the job's launching threads counted it: the pass rule
+      // (pool/access.h) looks at each thread's last launch of a function.
       std::optional<gmem::pool::LaunchReferences> refs;
-      if (table) refs.emplace(*table);
-      for (uint32_t id : trace->uses[next_use].ids) {
+      if (table) {
+        if (use.thread >= thread_counts.size()) thread_counts.resize(use.thread + 1, nullptr);
+        if (!thread_counts[use.thread]) thread_counts[use.thread] = &table->add_thread_counts();
+        refs.emplace(*table, *thread_counts[use.thread], reinterpret_cast<const void*>(uintptr_t{use.function}));
+      }
+      for (std::size_t r = 0; r < use.ids.size(); ++r) {
+        const uint32_t id = use.ids[r];
         const gmem::pool::Split split = tiers ? tiers->split(live[id], live_bytes[id]) : gmem::pool::Split{};
         passed += split.host + split.peer;
-        if (refs) refs->word(live[id]);
+        if (refs) refs->word(live[id] + use.offsets[r]);
       }
       if (refs) refs->finish(nullptr);
       step_passed += passed;

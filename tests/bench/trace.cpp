@@ -15,10 +15,9 @@ namespace {
 constexpr const char* header = "# gmem allocation trace v1";
 const std::string device_full = "# device full: the pool held ";
 
-// One unsigned decimal field below `limit`, and nothing after it but space.
-bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
-  std::string word;
-  if (!(in >> word) || word.empty() || word.size() > 20) return false;
+// An unsigned decimal number below `limit`, and nothing else.
+bool decimal(const std::string& word, std::uint64_t limit, std::uint64_t* out) {
+  if (word.empty() || word.size() > 20) return false;
   std::uint64_t v = 0;
   for (char c : word) {
     if (c < '0' || c > '9') return false;
@@ -27,6 +26,12 @@ bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
   }
   *out = v;
   return v < limit;
+}
+
+// One such field, and nothing after it but space.
+bool field(std::istringstream& in, std::uint64_t limit, std::uint64_t* out) {
+  std::string word;
+  return in >> word && decimal(word, limit, out);
 }
 
 }  // namespace
@@ -61,15 +66,37 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     Event e;
     std::uint64_t id = 0, bytes = 0, stream = 0;
     if (op == "u") {
-      const std::string expected = "expected 'u TIME_US ID...', found '" + line.substr(0, 60) + "'";
-      std::uint64_t us = 0;
+      const std::string expected =
+          "expected 'u TIME_US [tTHREAD [kFUNCTION]] ID[+OFFSET]...', found '" + line.substr(0, 60) + "'";
+      std::uint64_t us = 0, n = 0;
       if (!field(fields, UINT64_MAX, &us)) return fail(expected);
-      Trace::Use use{t.events.size(), {}};
+      Trace::Use use;
+      use.before = t.events.size();
+      bool threaded = false;
       for (std::string word; fields >> word;) {
-        std::istringstream one(word);
-        if (!field(one, max_id, &id)) return fail(expected);
+        if (use.ids.empty() && !threaded && word[0] == 't') {
+          if (!decimal(word.substr(1), UINT32_MAX, &n)) return fail(expected);
+          use.thread = static_cast<std::uint32_t>(n);
+          threaded = true;
+          continue;
+        }
+        if (use.ids.empty() && threaded && !use.function && word[0] == 'k') {
+          if (!decimal(word.substr(1), UINT32_MAX - 1, &n)) return fail(expected);
+          use.function = static_cast<std::uint32_t>(n + 1);
+          continue;
+        }
+        const std::size_t plus = word.find('+');
+        std::uint64_t offset = 0;
+        if (!decimal(word.substr(0, plus), max_id, &id) ||
+            (plus != std::string::npos && !decimal(word.substr(plus + 1), UINT64_MAX, &offset))) {
+          return fail(expected);
+        }
         if (id >= live_bytes.size() || !live_bytes[id]) return fail("use of id " + std::to_string(id) + ", which is not live");
+        // Uses name large allocations only (64 MiB or more), which scale.
+        if (scale != 1 && live_bytes[id] >= (1u << 20)) offset = static_cast<std::uint64_t>(std::llround(double(offset) * scale));
+        if (offset >= live_bytes[id]) return fail("an offset past the end of id " + std::to_string(id));
         use.ids.push_back(static_cast<std::uint32_t>(id));
+        use.offsets.push_back(offset);
       }
       if (use.ids.empty()) return fail(expected);
       t.uses.push_back(std::move(use));

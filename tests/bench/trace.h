@@ -31,10 +31,15 @@ struct Trace {
   // spilled (`# device full: the pool held N bytes of the device`); 0 if not said.
   std::uint64_t device_full = 0;
   // gmem's own traces: the launches that referenced live allocations (`u`
-  // lines), each made before `events[before]`.
+  // lines), each made before `events[before]`: by which thread, of which
+  // function (0: not said, as in traces written before they were), and the
+  // offset in each allocation of the launch's first address there.
   struct Use {
     std::size_t before = 0;
+    std::uint32_t thread = 0;
+    std::uint32_t function = 0;  // the line's kFUNCTION + 1; 0: none
     std::vector<std::uint32_t> ids;
+    std::vector<std::uint64_t> offsets;  // by ids' index
   };
   std::vector<Use> uses;
 };

@@ -247,8 +247,9 @@ TEST_F(Traced, AllocationsBesideACaptureLeaveItWhole) {
 }
 
 // The trace names the large allocations each counted launch referenced, in
-// order: a `u` line per launch (the time, then the trace's ids), for kernel
-// and graph launches; the small ones and launches of none are left out.
+// order: a `u` line per launch (the time, the thread, the kernel, then the
+// trace's ids with their offsets), for kernel and graph launches; the small
+// ones and launches of none are left out.
 TEST_F(Traced, EachLaunchOfLargeAllocationsIsWrittenAsAUse) {
   CUdeviceptr large = 0, larger = 0, small = 0;
   ASSERT_EQ(cuMemAlloc_v2(&large, 64 * mib), CUDA_SUCCESS);
@@ -295,7 +296,8 @@ TEST_F(Traced, EachLaunchOfLargeAllocationsIsWrittenAsAUse) {
   const std::string l = id_of[64 * mib], ll = id_of[96 * mib];
   ASSERT_FALSE(l.empty());
   ASSERT_FALSE(ll.empty());
-  EXPECT_EQ(uses, (std::vector<std::string>{" " + ll + " " + l, " " + l, " " + ll}));
+  // One thread (t0) launched one kernel (k0), then a graph (no function).
+  EXPECT_EQ(uses, (std::vector<std::string>{" t0 k0 " + ll + " " + l + "+8", " t0 k0 " + l, " t0 " + ll}));
 
   EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);

@@ -2,7 +2,7 @@
 """The least PCIe traffic a recorded job needs per step if the pool moved its
 large allocations by copy (out to pinned host memory, back before use) instead
 of leaving them mapped where they lie, from a gmem trace with use lines
-(README.md here: `u TIME_US ID...`).
+(README.md here: `u TIME_US ... ID...`).
 
 The model knows every future use (an oracle: what a pool that learned the
 job's repeating steps could know at best). The device holds the small

@@ -84,7 +84,12 @@ def _format(e):
     if e[0] == "a":
         return f"a {e[1]} {e[2]} {e[3]}"
     if e[0] == "u":
-        return "u " + " ".join(str(v) for v in (e[1], *e[2]))
+        if len(e) == 3:
+            return "u " + " ".join(str(v) for v in (e[1], *e[2]))
+        thread, function, offsets = e[3]
+        said = [f"t{thread}"] + ([] if function is None else [f"k{function}"])
+        refs = [f"{i}+{o}" if o else str(i) for i, o in zip(e[2], offsets)]
+        return " ".join(["u", str(e[1]), *said, *refs])
     return f"f {e[1]}"
 
 
@@ -101,10 +106,35 @@ def write(path, events, comments=()):
         f.write(format_events(events, comments))
 
 
+def _number(text, prefix=""):
+    """The unsigned decimal after `prefix` in `text`; ValueError if it is not one."""
+    if not text.startswith(prefix) or not text[len(prefix):].isdigit():
+        raise ValueError
+    return int(text[len(prefix):])
+
+
+def _use(fields):
+    """A use line's event: ('u', time_us, [id, ...]) as traces wrote it before
+    they named the launching thread, else with (thread, function or None,
+    [offset, ...]) after the ids."""
+    time_us, rest = _number(fields[1]), fields[2:]
+    if not rest[0].startswith("t"):
+        return ("u", time_us, [_number(f) for f in rest])
+    thread, rest = _number(rest[0], "t"), rest[1:]
+    function = _number(rest[0], "k") if rest and rest[0].startswith("k") else None
+    rest = rest[1:] if function is not None else rest
+    if not rest:
+        raise ValueError
+    refs = [f.split("+", 1) + ["0"] for f in rest]
+    return ("u", time_us, [_number(r[0]) for r in refs], (thread, function, [_number(r[1]) for r in refs]))
+
+
 def parse(lines, where="trace", uses=False):
     """Events from the lines of a trace file, checked as check() does; a
     TraceError names the line. With `uses`, gmem's use lines too, as
-    ('u', time_us, [id, ...]); without, they are checked and left out."""
+    ('u', time_us, [id, ...]) or, where the line names its thread, with
+    (thread, function or None, [offset, ...]) after; without, they are
+    checked and left out."""
     events, numbers = [], []
     it = iter(lines)
     first = next(it, "").rstrip("\n")
@@ -123,15 +153,12 @@ def parse(lines, where="trace", uses=False):
             elif fields[0] == "f" and len(fields) == 2:
                 events.append(("f", int(fields[1])))
             elif fields[0] == "u" and len(fields) >= 3:
-                # gmem's own traces: a launch referenced these large allocations.
-                if int(fields[1]) < 0:
-                    raise ValueError
-                events.append(("u", int(fields[1]), [int(f) for f in fields[2:]]))
+                events.append(_use(fields))
             else:
                 raise ValueError
         except ValueError:
             raise TraceError(f"{where}:{number}: expected 'a ID BYTES STREAM [OFF_DEVICE]', 'f ID' or "
-                             f"'u TIME_US ID...', found {line.strip()[:60]!r}") from None
+                             f"'u TIME_US [tTHREAD [kFUNCTION]] ID[+OFFSET]...', found {line.strip()[:60]!r}") from None
         numbers.append(number)
     check(events, lambda i: f"{where}:{numbers[i]}")
     return events if uses else [e for e in events if e[0] != "u"]
@@ -144,13 +171,16 @@ def read(path, uses=False):
 
 def check(events, where=lambda i: f"event {i}"):
     """Raises TraceError unless every 'a' names an id that is not live, with
-    0 < bytes < 2^48 and a stream in range, and every 'f' and 'u' names live ids."""
-    live = set()
+    0 < bytes < 2^48 and a stream in range, and every 'f' and 'u' names live
+    ids (a 'u' at offsets within them)."""
+    live = {}  # id: bytes
     for i, e in enumerate(events):
         if e[0] == "u":
-            for ident in e[2]:
+            for n, ident in enumerate(e[2]):
                 if ident not in live:
                     raise TraceError(f"{where(i)}: use of id {ident}, which is not live")
+                if len(e) > 3 and e[3][2][n] >= live[ident]:
+                    raise TraceError(f"{where(i)}: an offset past the end of id {ident}")
             continue
         ident = e[1]
         if not 0 <= ident < MAX_ID:
@@ -162,11 +192,11 @@ def check(events, where=lambda i: f"event {i}"):
                 raise TraceError(f"{where(i)}: allocation of {e[2]} bytes")
             if not 0 <= e[3] < MAX_STREAM:
                 raise TraceError(f"{where(i)}: stream {e[3]} out of range [0, {MAX_STREAM})")
-            live.add(ident)
+            live[ident] = e[2]
         else:
             if ident not in live:
                 raise TraceError(f"{where(i)}: free of id {ident}, which is not live")
-            live.discard(ident)
+            del live[ident]
 
 
 def peak_requested(events):

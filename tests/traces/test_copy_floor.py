@@ -150,6 +150,29 @@ class PlacementReplay(unittest.TestCase):
         self.assertIn("gmem: report place", out)
         self.assertGreater(ordered, 4 * placed, out)  # 2.08 against 0.40 GB
 
+    def test_passes_are_counted_as_the_launching_threads_counted_them(self):
+        # Per step, six launches over a 256 MiB allocation: kernel 0 walking
+        # it upward in three launches on thread 0 (one pass), kernel 0 again
+        # from its start, kernel 1, and kernel 0 on thread 1 (a pass each):
+        # four passes. Lines that name no thread (older traces) are a pass each.
+        launches = [(0, 0, 0), (0, 0, U), (0, 0, 2 * U), (0, 0, 0), (0, 1, 0), (1, 0, 3 * U)]
+
+        def passes(named):
+            events = []
+            for t in range(4):
+                events.append(("a", 0, 4 * U, 0))
+                events += [("u", t, [0], (thread, k, [offset])) if named else ("u", t, [0])
+                           for thread, k, offset in launches]
+                events.append(("f", 0))
+            _, _, out = self.replay(events, 2 * U, "--place-by-use")
+            found = re.search(r"report use size=%d allocs=\d+ launches_per_alloc=6.0 passes_per_alloc=([0-9.]+)" % (4 * U),
+                              out)
+            self.assertTrue(found, out)
+            return float(found.group(1))
+
+        self.assertEqual(passes(True), 4.0)
+        self.assertEqual(passes(False), 6.0)
+
     def test_a_miss_says_why_the_requests_last_range_did_not_serve(self):
         # A spilled 1 GiB allocation lives all step; X (128 MiB) is made on
         # the host while the device is full, freed, and asked for again: its

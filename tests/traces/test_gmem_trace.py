@@ -84,6 +84,13 @@ class Format(unittest.TestCase):
         self.assertEqual(gmem_trace.peak_requested(events), 150)
         self.assertEqual(gmem_trace.format_events(events).splitlines()[1:], [l.strip() for l in lines[1:]])
 
+    def test_use_lines_may_name_their_thread_function_and_offsets(self):
+        lines = [HEADER + "\n", "a 0 100 1\n", "a 1 50 0\n", "u 7 t2 k0 1+8 0\n", "u 9 t0 1\n"]
+        events = gmem_trace.parse(lines, where="t", uses=True)
+        self.assertEqual(events[2], ("u", 7, [1, 0], (2, 0, [8, 0])))
+        self.assertEqual(events[3], ("u", 9, [1], (0, None, [0])))
+        self.assertEqual(gmem_trace.format_events(events).splitlines()[1:], [l.strip() for l in lines[1:]])
+
     def test_peak_requested(self):
         self.assertEqual(gmem_trace.peak_requested(EXPECTED_EVENTS), 4000)
         self.assertEqual(gmem_trace.peak_requested([]), 0)
@@ -103,6 +110,10 @@ class Format(unittest.TestCase):
                  (HEADER + "a 0 10 0\nu 5\n", "t:3: expected"),
                  (HEADER + "a 0 10 0\nu 5 0 x\n", "t:3: expected"),
                  (HEADER + "a 0 10 0\nu -1 0\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu 5 t0 k1\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu 5 t0 0+x\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu 5 tx 0\n", "t:3: expected"),
+                 (HEADER + "a 0 10 0\nu 5 t0 0+10\n", "t:3: an offset past the end of id 0"),
                  (HEADER + "a 0 10 0\nf 0\nu 5 0\n", "t:4: use of id 0, which is not live")]
         for text, message in cases:
             with self.assertRaises(gmem_trace.TraceError, msg=text) as caught:

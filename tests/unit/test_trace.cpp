@@ -77,6 +77,24 @@ TEST(Trace, GmemsOwnTracesSayWhatEachLaunchUsedBetweenWhichEvents) {
   EXPECT_EQ(t->events.size(), 3u);
 }
 
+// Lines since 2026-11-27 name the launching thread and function, and offsets.
+TEST(Trace, UseLinesMayNameTheirThreadTheirFunctionAndOffsets) {
+  std::string error;
+  auto t = read(header + "a 0 100 0\na 1 50 0\nu 12 t3 k0 0+99 1\nu 15 t1 1+8\nu 16 0\n", &error);
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->uses.size(), 3u);
+  EXPECT_EQ(t->uses[0].thread, 3u);
+  EXPECT_EQ(t->uses[0].function, 1u);  // k0
+  EXPECT_EQ(t->uses[0].ids, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(t->uses[0].offsets, (std::vector<std::uint64_t>{99, 0}));
+  EXPECT_EQ(t->uses[1].thread, 1u);
+  EXPECT_EQ(t->uses[1].function, 0u);  // a graph: no function
+  EXPECT_EQ(t->uses[1].offsets, std::vector<std::uint64_t>{8});
+  EXPECT_EQ(t->uses[2].thread, 0u);
+  EXPECT_EQ(t->uses[2].function, 0u);
+  EXPECT_EQ(t->uses[2].offsets, std::vector<std::uint64_t>{0});
+}
+
 TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
   const std::pair<std::string, std::string> cases[] = {
       {"# gmem allocation trace v2\n", "t:1: expected '# gmem allocation trace v1'"},
@@ -94,9 +112,16 @@ TEST(Trace, RejectsWhatBreaksTheFormatNamingTheLine) {
       {header + "a 0 10 0 7 1\n", "t:2: unexpected '1'"},
       {header + "a 0 99999999999999999999999 0\n", "t:2: expected"},
       {header + "# device full: the pool held many bytes of the device\n", "t:2: expected '# device full: the pool held BYTES"},
-      {header + "a 0 10 0\nu 5\n", "t:3: expected 'u TIME_US ID...'"},
-      {header + "a 0 10 0\nu 5 0 x\n", "t:3: expected 'u TIME_US ID...'"},
-      {header + "a 0 10 0\nu x 0\n", "t:3: expected 'u TIME_US ID...'"},
+      {header + "a 0 10 0\nu 5\n", "t:3: expected 'u TIME_US [tTHREAD [kFUNCTION]] ID[+OFFSET]...'"},
+      {header + "a 0 10 0\nu 5 0 x\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu x 0\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu 5 t0 k1\n", "t:3: expected 'u TIME_US"},  // no id
+      {header + "a 0 10 0\nu 5 k1 t0 0\n", "t:3: expected 'u TIME_US"},  // the function before the thread
+      {header + "a 0 10 0\nu 5 t 0\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu 5 t0 0+\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu 5 t0 0+x\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu 5 t0 0 t1\n", "t:3: expected 'u TIME_US"},
+      {header + "a 0 10 0\nu 5 t0 0+10\n", "t:3: an offset past the end of id 0"},
       {header + "a 0 10 0\nu 5 1\n", "t:3: use of id 1, which is not live"},
       {header + "a 0 10 0\nf 0\nu 5 0\n", "t:4: use of id 0, which is not live"},
   };

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "pool/trace_recorder.h"
 #include "trace.h"
@@ -15,6 +16,17 @@ using gmem::pool::TraceRecorder;
 
 std::string temp_pattern() { return testing::TempDir() + "gmem-trace-test-%p.trace"; }
 std::string temp_path() { return testing::TempDir() + "gmem-trace-test-" + std::to_string(getpid()) + ".trace"; }
+
+// The text of the trace the test wrote.
+std::string written() {
+  std::string text;
+  if (FILE* f = std::fopen(temp_path().c_str(), "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) text += line;
+    std::fclose(f);
+  }
+  return text;
+}
 
 TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   std::string error;
@@ -39,12 +51,7 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     trace->device_full(std::size_t{78} << 30);
     trace->device_full(std::size_t{77} << 30);  // said once
   }
-  std::string text;
-  if (FILE* f = std::fopen(temp_path().c_str(), "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) text += line;
-    std::fclose(f);
-  }
+  const std::string text = written();
   EXPECT_NE(text.find("a 1 209715200 1 67108864\n# made: 3 mappings in 2.5 ms, 67108864 bytes on the host\n"),
             std::string::npos)
       << text;
@@ -78,6 +85,42 @@ TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
   std::string error;
   EXPECT_FALSE(TraceRecorder::open("/nonexistent-dir/t.trace", &error));
   EXPECT_NE(error.find("/nonexistent-dir/t.trace"), std::string::npos) << error;
+}
+
+// A use names the launching thread and function by numbers in the order
+// first seen (no function: a graph), and the offset of each range's first
+// address; what the trace never saw allocated is left out.
+TEST(TraceRecorder, UsesNameTheirThreadTheirFunctionAndOffsets) {
+  std::string error;
+  {
+    auto trace = TraceRecorder::open(temp_pattern(), &error);
+    ASSERT_TRUE(trace) << error;
+    constexpr CUdeviceptr a = 0x10000000, b = 0x20000000, unseen = 0x30000000;
+    trace->allocated(a, 256 << 20, 0, 0);
+    trace->allocated(b, 128 << 20, 0, 0);
+    const int f = 0, g = 0;
+    trace->used(&f, {{a, 0}, {b, 4096}});
+    trace->used(&g, {{b, 0}});
+    trace->used(&f, {{unseen, 8}, {a, 64}});
+    std::thread([&] { trace->used(nullptr, {{b, 8}}); }).join();
+    trace->used(&g, {{unseen, 0}});  // nothing it saw: no line
+  }
+  const std::string text = written();
+  EXPECT_NE(text.find(" t0 k0 0 1+4096\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(" t0 k1 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(" t0 k0 0+64\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(" t1 1+8\n"), std::string::npos) << text;
+  auto t = gmem::trace::load(temp_path(), &error);
+  std::remove(temp_path().c_str());
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->uses.size(), 4u);
+  EXPECT_EQ(t->uses[0].function, 1u);
+  EXPECT_EQ(t->uses[0].offsets, (std::vector<std::uint64_t>{0, 4096}));
+  EXPECT_EQ(t->uses[1].function, 2u);
+  EXPECT_EQ(t->uses[2].ids, std::vector<std::uint32_t>{0});
+  EXPECT_EQ(t->uses[2].offsets, std::vector<std::uint64_t>{64});
+  EXPECT_EQ(t->uses[3].thread, 1u);
+  EXPECT_EQ(t->uses[3].function, 0u);
 }
 
 }  // namespace
