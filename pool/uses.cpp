@@ -62,16 +62,14 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   return true;
 }
 
-bool Uses::plans(int device) const {
-  std::lock_guard lock(mutex_);
-  const auto it = devices_.find(device);
-  return it != devices_.end() && it->second.planning();
-}
+bool Uses::plans(int device) const { return holds(device, &Device::planning); }
 
-bool Uses::brings_in(int device) const {
+bool Uses::brings_in(int device) const { return holds(device, &Device::bringing_in); }
+
+bool Uses::holds(int device, bool (Device::*state)() const) const {
   std::lock_guard lock(mutex_);
   const auto it = devices_.find(device);
-  return it != devices_.end() && it->second.bringing_in();
+  return it != devices_.end() && (it->second.*state)();
 }
 
 void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {

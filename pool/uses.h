@@ -158,6 +158,8 @@ class Uses {
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
   };
+  // Whether `device` is known and in `state` now.
+  bool holds(int device, bool (Device::*state)() const) const;
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
   void stepped(Device& d, int64_t now_ns, const Work& work);
 
