@@ -38,7 +38,7 @@ std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, s
                "# gmem allocation trace v1\n"
                "# recorded by gmem (GMEM_CONF trace:FILE), pid %d, %s\n"
                "# the fifth field of an allocation: its bytes placed off the device by use\n"
-               "# u TIME_US ID...: a launch referenced these large allocations (while the pool counts launches)\n",
+               "# u TIME_US tTHREAD [kFUNCTION] ID[+OFFSET]...: a launch referenced these large allocations (while the pool counts launches)\n",
                int(getpid()), when);
   std::fflush(out);
   return std::unique_ptr<TraceRecorder>(new TraceRecorder(out, getpid()));
