@@ -5,14 +5,21 @@
 # copy where that makes it smaller, and prints the sizes. Keeps .carry/samples/
 # (cuda-samples built by hand; scripts/gpu-test.sh ipc-samples runs them).
 #   scripts/pack-gpu.sh [BUILD_DIR]     (default: build)
+# With --variant NAME, only the shim goes, into .carry/NAME/, beside what was
+# packed before: another build of it for scripts/gpu-ab.sh to compare (build
+# the change, pack it as a variant, undo the change, rebuild).
+#   scripts/pack-gpu.sh --variant NAME [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+variant=
+if [ "${1:-}" = --variant ]; then
+  [[ ${2:-} =~ ^[A-Za-z0-9_-]+$ && $2 != base && $2 != bin && $2 != lib && $2 != bench && $2 != samples ]] ||
+    { echo "pack-gpu: --variant needs a name of letters, digits, - and _ (not base, bin, lib, bench or samples)" >&2; exit 2; }
+  variant=$2
+  shift 2
+fi
 build=${1:-build}
 [ -f "$build/interpose/libcuda.so.1" ] || { echo "pack-gpu: build $build first (ninja -C $build)" >&2; exit 1; }
-# Everything but .carry/samples/: programs built there by hand from
-# NVIDIA/cuda-samples (not part of the repository) for the ipc-samples step.
-find .carry -mindepth 1 -maxdepth 1 ! -name samples -exec rm -rf {} + 2>/dev/null || true
-mkdir -p .carry/bench
 
 # pack FILE DEST_DIR: copies FILE, stripped if that saves space.
 pack() {
@@ -26,6 +33,18 @@ pack() {
   fi
   rm -f "$copy.stripped"
 }
+
+if [ -n "$variant" ]; then
+  [ -f .carry/libcuda.so.1 ] || { echo "pack-gpu: pack the base first (scripts/pack-gpu.sh)" >&2; exit 1; }
+  mkdir -p ".carry/$variant"
+  pack "$build/interpose/libcuda.so.1" ".carry/$variant"
+  du -h ".carry/$variant/libcuda.so.1"
+  exit 0
+fi
+# Everything but .carry/samples/: programs built there by hand from
+# NVIDIA/cuda-samples (not part of the repository) for the ipc-samples step.
+find .carry -mindepth 1 -maxdepth 1 ! -name samples -exec rm -rf {} + 2>/dev/null || true
+mkdir -p .carry/bench
 
 pack "$build/interpose/libcuda.so.1" .carry
 # Test programs that scripts/gpu-test.sh runs; a missing one is skipped there.
