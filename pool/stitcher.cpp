@@ -171,7 +171,7 @@ Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
   // range may have; then its own spilled chunks for the rest.
   FreePieces& free = pieces_.free(device);
   std::sort(old.idle_in_life.begin(), old.idle_in_life.end(), std::greater<>());
-  const std::size_t slack = size / 32;
+  const std::size_t slack = size / 32, had = covered;
   for (const FreePieces::key_type& key : old.idle_in_life) {
     if (covered >= size || parts.size() >= most_parts) break;
     auto it = free.find(key);
@@ -180,11 +180,22 @@ Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
       covered += key.first;
     }
   }
-  std::size_t kept = 0;
+  const std::size_t gained = covered - had;
+  std::size_t kept = 0, remapped = 0;
   for (; kept < spilled.size() && covered < size; ++kept) {
     parts.push_back(spilled[kept]);
     covered += spilled[kept]->memory.size();
+    remapped += spilled[kept]->memory.size();
   }
+  // Mapping spilled memory again costs more than the device's memory gains
+  // back where the gain is small: giving host memory access costs about 12
+  // ms a GB with the GPU idle, several times that while kernels stream host
+  // memory (docs/eviction.md), where each pass over a GB that moves to the
+  // device saves about 20 ms of PCIe. The LM at 2.2x the H100 remade its
+  // 13.4 GB range, 98% in host memory, every step for 0.5 GB of the device's
+  // (its replay, docs/results.md). So a quarter of what is mapped again at
+  // least.
+  if (gained < remapped / 4) return nullptr;
   // A chunk in as many ranges as it may be would lose the least recently used
   // of them to the new one, which may be `old` itself (taken, not cached).
   const bool crowded = std::any_of(parts.begin(), parts.end(),

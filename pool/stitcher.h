@@ -51,7 +51,9 @@ class Stitcher {
   // this one lives, so the device's memory stops lying idle beside the
   // host's. `old` goes back to the cache (its chunks are the new range's
   // while it lives; the spilled ones it no longer needs are free). Null, and
-  // `old` as it was, where no spilled chunk would be replaced.
+  // `old` as it was, where no spilled chunk would be replaced, or where the
+  // device's chunks would cover less than a quarter of what the new range
+  // maps again of the spilled ones.
   Range* remake(Range& old, std::size_t size, StreamId stream);
   // Whether the pool may take `size` more bytes of new memory rather than
   // take cached memory apart: it holds at most its peak use and the headroom.

@@ -95,6 +95,7 @@ using Repeat = Place;  // a process of its own: its steps start the trial afresh
 using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
 using BringIn = Place;  // bring_in:1, the mover's quiet a minute long
+using Remake = Place;   // as Repeat, in a process of its own
 
 // Two addresses in the spilled range count it once; the device range adds a
 // launch's reference but no host bytes.
@@ -431,6 +432,41 @@ TEST_F(Repeat, EachStepGetsTheRangesOfTheStepBeforePlacedAsTheyWere) {
     }
     before = now;
   }
+}
+
+// A range remade over the device's chunks idle all its last life maps its
+// kept spilled chunks again, which costs more than the device's memory gains
+// back where that is little (Stitcher::remake). Each step here: A (192 MiB)
+// and H (640 MiB: all of it on the host, ten 64 MiB chunks) live together;
+// the first step also has T (64 MiB) beside them, whose chunk lies idle all
+// through H's life in the steps after. One chunk of the device against nine
+// of the host mapped again: H keeps its range, placed as it was.
+TEST_F(Remake, ARangeIsNotRemadeForLessDeviceMemoryThanAQuarterOfWhatItMapsAgain) {
+  struct Served {
+    CUdeviceptr at;
+    std::size_t host;
+    bool operator==(const Served&) const = default;
+  };
+  auto step = [&](bool with_t) {
+    CUdeviceptr a = 0, t = 0, h = 0;
+    EXPECT_EQ(cuMemAlloc_v2(&a, 192 * mib), CUDA_SUCCESS);
+    if (with_t) {
+      EXPECT_EQ(cuMemAlloc_v2(&t, 64 * mib), CUDA_SUCCESS);
+    }
+    EXPECT_EQ(cuMemAlloc_v2(&h, 640 * mib), CUDA_SUCCESS);
+    const Served served{h, OwnStats().placement(h).host_bytes};
+    if (with_t) {
+      EXPECT_EQ(cuMemFree_v2(t), CUDA_SUCCESS);
+    }
+    EXPECT_EQ(cuMemFree_v2(h), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+    return served;
+  };
+  const Served first = step(true);
+  EXPECT_EQ(first.host, 640 * mib);
+  const Served second = step(false);
+  EXPECT_EQ(second, first) << "the range that served H before";
+  for (int s = 2; s < 5; ++s) EXPECT_EQ(step(false), first) << "step " << s;
 }
 
 }  // namespace
