@@ -387,6 +387,13 @@ TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
   }
 }
 
+// Where a request was served, and its bytes in host memory then.
+struct Served {
+  CUdeviceptr at;
+  std::size_t host;
+  bool operator==(const Served&) const = default;
+};
+
 // A step as a model's: each of four layers saves a 96 MiB activation (the
 // same kind four times: same size, same requests before it) beside a 64 MiB
 // temporary; backward frees them in reverse, each beside a 96 MiB gradient.
@@ -395,11 +402,6 @@ TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
 // (Stitcher::remake); from the third on, every request gets the range it had
 // the step before, placed as before.
 TEST_F(Repeat, EachStepGetsTheRangesOfTheStepBeforePlacedAsTheyWere) {
-  struct Served {
-    CUdeviceptr at;
-    std::size_t host;
-    bool operator==(const Served&) const = default;
-  };
   auto step = [&] {
     std::vector<Served> served;
     auto alloc = [&](std::size_t size) {
@@ -442,11 +444,6 @@ TEST_F(Repeat, EachStepGetsTheRangesOfTheStepBeforePlacedAsTheyWere) {
 // through H's life in the steps after. One chunk of the device against nine
 // of the host mapped again: H keeps its range, placed as it was.
 TEST_F(Remake, ARangeIsNotRemadeForLessDeviceMemoryThanAQuarterOfWhatItMapsAgain) {
-  struct Served {
-    CUdeviceptr at;
-    std::size_t host;
-    bool operator==(const Served&) const = default;
-  };
   auto step = [&](bool with_t) {
     CUdeviceptr a = 0, t = 0, h = 0;
     EXPECT_EQ(cuMemAlloc_v2(&a, 192 * mib), CUDA_SUCCESS);
