@@ -29,7 +29,6 @@ class TraceRecorder;
 struct RangeReference {
   CUdeviceptr base = 0;
   uint64_t offset = 0;
-  bool operator==(const RangeReference&) const = default;
 };
 
 // Allocations of at least this size are followed one by one: placing by use
