@@ -32,11 +32,11 @@ shift 2
 out=${OUT:-/tmp/gmem-ab}
 mkdir -p "$out"
 carry=$PWD/.carry
+# shim_of VARIANT: the path of its libcuda.so.1.
+shim_of() { if [ "$1" = base ]; then echo "$carry/libcuda.so.1"; else echo "$carry/$1/libcuda.so.1"; fi; }
 IFS=, read -ra list <<<"$variants"
 for v in "${list[@]}"; do
-  lib=$carry/$v/libcuda.so.1
-  [ "$v" = base ] && lib=$carry/libcuda.so.1
-  [ -f "$lib" ] || { echo "gpu-ab: no $lib: pack it (scripts/pack-gpu.sh, --variant $v)" >&2; exit 2; }
+  [ -f "$(shim_of "$v")" ] || { echo "gpu-ab: no $(shim_of "$v"): pack it (scripts/pack-gpu.sh, --variant $v)" >&2; exit 2; }
 done
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -58,10 +58,8 @@ fi
 
 failed=0
 for v in "${list[@]}"; do
-  lib=$carry/$v/libcuda.so.1
-  [ "$v" = base ] && lib=$carry/libcuda.so.1
   started=$SECONDS
-  python3 tests/gpu/spill_train.py --shim "$lib" --out "$out/$name-$v" "$@" >"$out/$name-$v.txt" 2>&1
+  python3 tests/gpu/spill_train.py --shim "$(shim_of "$v")" --out "$out/$name-$v" "$@" >"$out/$name-$v.txt" 2>&1
   rc=$?
   echo "== $name-$v: rc $rc, $((SECONDS - started)) s ($out/$name-$v.txt)"
   grep '^BENCH' "$out/$name-$v.txt"
