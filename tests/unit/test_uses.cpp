@@ -188,6 +188,73 @@ TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasse
   EXPECT_EQ(figures_only.step(), (Off{0, 0, 0}));
 }
 
+// A job on device 0 (which spills) with a kind of several allocations alive
+// at once: each step asks for Z (1024 MiB, two launches), then four times
+// two hot 128 MiB ones (five launches each) and an X (64 MiB, one launch). X
+// and Z lie in host memory; at each peak the device had `room` bytes left.
+class Layers {
+ public:
+  explicit Layers(std::size_t room) : uses_(&table_, true), room_(room) {
+    table_.add(z, 1024 * mib, 0, 1024 * mib, 0);
+    for (int i = 0; i < 4; ++i) {
+      table_.add(slot(i), 128 * mib, 0, 0, 0);
+      table_.add(slot(i) + 128 * mib, 128 * mib, 0, 0, 0);
+      table_.add(slot(i) + 256 * mib, 64 * mib, 0, 64 * mib, 0);
+    }
+  }
+  // One step: the MiB of each request placed off the device, in order.
+  std::vector<std::size_t> step() {
+    std::vector<std::size_t> off;
+    std::size_t used = 0;
+    auto serve_at = [&](CUdeviceptr at, std::size_t size, int launches) {
+      const Uses::Request r = uses_.request(0, size);
+      off.push_back(r.off_device / mib);
+      used += size;
+      if (uses_.served(at, r, used, true, now_)) uses_.peak(0, room_);
+      for (int n = 0; n < launches; ++n) launch(table_, at);
+    };
+    serve_at(z, 1024 * mib, 2);
+    for (int i = 0; i < 4; ++i) {
+      serve_at(slot(i), 128 * mib, 5);
+      serve_at(slot(i) + 128 * mib, 128 * mib, 5);
+      serve_at(slot(i) + 256 * mib, 64 * mib, 1);
+    }
+    uses_.freed(z, 1024 * mib);
+    for (int i = 0; i < 4; ++i) {
+      for (std::size_t at = 0; at < 384 * mib; at += 128 * mib) uses_.freed(slot(i) + at, at < 256 * mib ? 128 * mib : 64 * mib);
+    }
+    now_ += 100'000'000;
+    return off;
+  }
+
+ private:
+  static constexpr CUdeviceptr z = base;
+  static CUdeviceptr slot(int i) { return base + 1024 * mib + CUdeviceptr(i) * 384 * mib; }
+  AccessTable table_;
+  Uses uses_;
+  const std::size_t room_;
+  int64_t now_ = 0;
+};
+
+TEST(Uses, OfAKindSeveralAliveAtOnceTheFirstGoOffTheDeviceWholeAndNoMoreThanLacked) {
+  // The device lacked 160 MiB: of the four X (the coldest), the first two
+  // requested go whole, and half of the third.
+  Layers some(1120 * mib);
+  for (int i = 0; i < ordered_steps; ++i) some.step();
+  EXPECT_EQ(some.step(), (Off{0, 0, 0, 64, 0, 0, 64, 0, 0, 32, 0, 0, 0}));
+  // It lacked 184 MiB: the third goes whole (its rest, 8 MiB, is at most an
+  // 8th of what was lacked).
+  Layers more(1096 * mib);
+  for (int i = 0; i < ordered_steps; ++i) more.step();
+  EXPECT_EQ(more.step(), (Off{0, 0, 0, 64, 0, 0, 64, 0, 0, 64, 0, 0, 0}));
+  // It lacked 1200 MiB: the four X (256) and Z whole (its rest, 80 MiB, is
+  // at most an 8th of what was lacked) would leave 80 MiB of the device
+  // idle at the peak; one X stays on it.
+  Layers most(80 * mib);
+  for (int i = 0; i < ordered_steps; ++i) most.step();
+  EXPECT_EQ(most.step(), (Off{1024, 0, 0, 64, 0, 0, 64, 0, 0, 64, 0, 0, 0}));
+}
+
 TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
   Job job(true, 64 * mib);
   for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
