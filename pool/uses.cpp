@@ -38,8 +38,7 @@ Uses::Request Uses::request(int device, std::size_t size) {
   k.size = size;
   k.last_request = ++requests_;
   if (d.replan && d.planning()) plan(device);
-  if (!place_ || !d.planning()) return {kind, device, 0};
-  return {kind, device, k.live < k.off_whole ? size : k.live == k.off_whole ? k.off_part : 0};
+  return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
 }
 
 bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
@@ -158,8 +157,7 @@ void Uses::plan(int device) {
   std::vector<Kind*> alive;
   for (auto& [id, k] : kinds_) {
     if (k.device != device) continue;
-    k.off_whole = 0;
-    k.off_part = 0;
+    k.off_device = 0;
     if (k.at_peak && k.figures.allocations) alive.push_back(&k);
   }
   auto passes = [](const Kind* k) { return double(k->figures.passes) / double(k->figures.allocations); };
@@ -175,38 +173,21 @@ void Uses::plan(int device) {
     passed += double(k->size) * k->at_peak * passes(k);
   }
   Device& d = devices_[device];
-  std::size_t lacked = d.lacked, over = 0;  // over: placed beyond what was lacked
-  std::vector<Kind*> whole;                 // with allocations placed whole, the coldest first
+  std::size_t lacked = d.lacked;
   for (Kind* k : alive) {
     if (!lacked || passes(k) > passed / bytes) break;
     const std::size_t bytes = std::size_t(k->at_peak) * k->size;
-    const std::size_t wanted = std::min(lacked, bytes);
-    // Whole allocations, the first requested (of several alive at once, in a
-    // forward pass, the last used in the backward), then part of the next.
-    // That one goes whole too where its rest is at most an 8th of what the
+    // A kind goes whole where the rest of it is at most an 8th of what the
     // device lacked. A range placed partly on the device is stitched from
     // both, and while it is free its device chunks serve other requests; it
     // is then made again, host chunks and all, step after step: the LM at
     // 2.1x the H100 remade its 26.8 GB range placed 71% off the device in
-    // 0.8 s each step, and stepped 8% faster with it whole. Where the rest is
-    // more, the bytes it would add over PCIe cost more (the GCN at 1.5x, 78%
-    // of 55.3 GB off: 7.9 s a step whole against 6.2 s; docs/results.md).
-    k->off_whole = uint32_t(wanted / k->size);
-    k->off_part = wanted % k->size;
-    if (k->off_part && (k->size - k->off_part) * 8 <= d.lacked) {
-      over += k->size - k->off_part;
-      ++k->off_whole;
-      k->off_part = 0;
-    }
-    if (k->off_whole) whole.push_back(k);
-    lacked -= wanted;
-  }
-  // What went whole beyond the lack would leave the device idle at the peak
-  // (the LM at 2.2x the H100: 7.8 GB, its last kind a single 26.8 GB
-  // allocation): allocations of the warmest kinds placed whole stay on the
-  // device while the excess covers them.
-  for (auto it = whole.rbegin(); it != whole.rend(); ++it) {
-    for (Kind* k = *it; k->off_whole && over >= k->size; over -= k->size) --k->off_whole;
+    // 0.8 s each step, and stepped 8% faster with it whole. Where the rest
+    // is more, the bytes it would add over PCIe cost more (the GCN at 1.5x,
+    // 78% of 55.3 GB off: 7.9 s a step whole against 6.2 s; docs/results.md).
+    const std::size_t placed = std::min(lacked, bytes);
+    k->off_device = (bytes - placed) * 8 <= d.lacked ? 1.0 : double(placed) / double(bytes);
+    lacked -= placed;
   }
   d.replan = false;
 }
@@ -303,8 +284,7 @@ std::string Uses::report_plan(std::size_t most) const {
              "gmem: report place size=%zu at_peak=%u allocs=%" PRIu64 " passes_per_alloc=%.1f off_device=%.2f "
              "host_share=%.2f\n",
              k->size, k->at_peak, k->figures.allocations,
-             double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)),
-             (double(k->off_whole) + double(k->off_part) / double(k->size)) / double(k->at_peak),
+             double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)), k->off_device,
              double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))));
     out += buf;
   }

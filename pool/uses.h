@@ -126,10 +126,7 @@ class Uses {
     uint64_t last_request = 0;  // requests_ when last requested
     Figures figures;
     uint32_t live = 0, at_peak = 0;
-    // Placed off the device: whole, those requested while fewer than
-    // `off_whole` of the kind were alive; `off_part` bytes of the next one.
-    uint32_t off_whole = 0;
-    std::size_t off_part = 0;
+    double off_device = 0;  // the share of each allocation placed off the device
   };
   struct Live {
     uint64_t kind;
