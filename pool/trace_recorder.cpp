@@ -46,7 +46,7 @@ std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, s
 
 TraceRecorder::~TraceRecorder() { std::fclose(out_); }
 
-uint32_t TraceRecorder::id_for(CUdeviceptr base) {
+uint32_t TraceRecorder::id_for(CUdeviceptr base, std::size_t size) {
   uint32_t id = next_id_;
   if (!free_ids_.empty()) {
     std::pop_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
@@ -55,7 +55,7 @@ uint32_t TraceRecorder::id_for(CUdeviceptr base) {
   } else {
     ++next_id_;
   }
-  ids_[base] = id;
+  ids_[base] = {id, size};
   return id;
 }
 
@@ -72,7 +72,7 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
                               const Made* made) {
   std::lock_guard lock(mutex_);
   if (getpid() != pid_ || ids_.count(base)) return;
-  const uint32_t id = id_for(base);
+  const uint32_t id = id_for(base, size);
   const uint32_t number = stream_number(stream);
   std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
   if (made) {
@@ -105,14 +105,14 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   bool written = false;
   for (const RangeReference& reference : references) {
     auto it = ids_.find(reference.base);
-    if (it == ids_.end()) continue;
+    if (it == ids_.end() || reference.offset >= it->second.size) continue;
     if (!written) {
       const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
       std::fprintf(out_, "u %lld t%u", us, thread);
       if (function) std::fprintf(out_, " k%u", functions_.try_emplace(function, uint32_t(functions_.size())).first->second);
     }
     written = true;
-    std::fprintf(out_, " %u", it->second);
+    std::fprintf(out_, " %u", it->second.id);
     if (reference.offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(reference.offset));
   }
   if (!written) return;
@@ -124,9 +124,9 @@ void TraceRecorder::freed(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = ids_.find(base);
   if (getpid() != pid_ || it == ids_.end()) return;
-  std::fprintf(out_, "f %u\n", it->second);
+  std::fprintf(out_, "f %u\n", it->second.id);
   std::fflush(out_);
-  free_ids_.push_back(it->second);
+  free_ids_.push_back(it->second.id);
   std::push_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
   ids_.erase(it);
 }

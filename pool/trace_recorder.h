@@ -51,7 +51,10 @@ class TraceRecorder {
   void freed(CUdeviceptr base);
   // A launch of `function` (null: a graph, or not known) by the calling
   // thread referenced these large ranges (those the trace saw allocated are
-  // written, with the offsets; pool/access.h says which it passes). Threads
+  // written, with the offsets; pool/access.h says which it passes). A word
+  // past the allocation's size, in the rest of the range that served it
+  // (larger where a cached range served a smaller request), is left out: a
+  // trace's uses lie within its allocations. Threads
   // and functions are written as small numbers, in the order first seen, so
   // a replay can count passes as the launching threads did (pool-policy).
   void used(const void* function, const std::vector<RangeReference>& references);
@@ -63,14 +66,18 @@ class TraceRecorder {
 
  private:
   TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid), opened_ns_(now_ns()) {}
-  uint32_t id_for(CUdeviceptr base);  // under mutex_
+  uint32_t id_for(CUdeviceptr base, std::size_t size);  // under mutex_
   uint32_t stream_number(StreamId stream);  // under mutex_
 
   std::mutex mutex_;
   FILE* const out_;
   const pid_t pid_;  // the process that writes
   const int64_t opened_ns_;  // steady clock: uses are timed from it
-  std::unordered_map<CUdeviceptr, uint32_t> ids_;
+  struct Traced {
+    uint32_t id;
+    std::size_t size;
+  };
+  std::unordered_map<CUdeviceptr, Traced> ids_;  // the allocations live, by base
   std::vector<uint32_t> free_ids_;  // a min-heap: ids are reused smallest first
   uint32_t next_id_ = 0;
   std::unordered_map<StreamId, uint32_t> streams_;

@@ -89,7 +89,8 @@ TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
 
 // A use names the launching thread and function by numbers in the order
 // first seen (no function: a graph), and the offset of each range's first
-// address; what the trace never saw allocated is left out.
+// address; what the trace never saw allocated, and a word past an
+// allocation's size, are left out.
 TEST(TraceRecorder, UsesNameTheirThreadTheirFunctionAndOffsets) {
   std::string error;
   {
@@ -104,6 +105,7 @@ TEST(TraceRecorder, UsesNameTheirThreadTheirFunctionAndOffsets) {
     trace->used(&f, {{unseen, 8}, {a, 64}});
     std::thread([&] { trace->used(nullptr, {{b, 8}}); }).join();
     trace->used(&g, {{unseen, 0}});  // nothing it saw: no line
+    trace->used(&g, {{b, 128 << 20}});  // past b's size, in the range that served it: no line
   }
   const std::string text = written();
   EXPECT_NE(text.find(" t0 k0 0 1+4096\n"), std::string::npos) << text;
