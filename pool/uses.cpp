@@ -56,7 +56,11 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
-  if (d.step_ends.ended(used, d.peak_used)) stepped(d, now_ns, work);
+  if (d.step_ends.ended(used, d.peak_used)) {
+    stepped(d, now_ns, work);
+  } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.kept_step_ns()) {
+    judge_bring_in(d, now_ns - d.step_ns);
+  }
   if (used < d.peak_used) return false;
   d.peak_used = used;
   return true;
@@ -112,19 +116,20 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case BringInTrial::trying:
-      if (++d.bring_in_steps == 2) {  // the first step that brings in settles it
-        d.bring_in_ns = step;
-        const int64_t before = d.trial == Trial::kept ? d.planned_ns : d.ordered_ns;
-        d.bring_in = step * 20 <= before * 19 ? BringInTrial::kept : BringInTrial::dropped;
-        bool any = false;
-        for (const auto& [id, other] : devices_) any |= other.bringing_in();
-        bringing_in_.store(any, std::memory_order_relaxed);
-      }
+      if (++d.bring_in_steps == 2) judge_bring_in(d, step);  // the first step that brings in settles it
       break;
     case BringInTrial::kept:
     case BringInTrial::dropped:
       break;
   }
+}
+
+void Uses::judge_bring_in(Device& d, int64_t step) {
+  d.bring_in_ns = step;
+  d.bring_in = step * 20 <= d.kept_step_ns() * 19 ? BringInTrial::kept : BringInTrial::dropped;
+  bool any = false;
+  for (const auto& [id, other] : devices_) any |= other.bringing_in();
+  bringing_in_.store(any, std::memory_order_relaxed);
 }
 
 void Uses::peak(int device, std::size_t room) {

@@ -29,7 +29,9 @@
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // is over: two steps with it (the first settles), kept only if the second is
-// at least 5% shorter than the step the plan's trial kept. It pays where a
+// at least 5% shorter than the step the plan's trial kept, or dropped as soon
+// as a step with it has lasted twice that long (the LM's took 31 s against
+// 5.0, and the trial's steps cost it about 18 s in all). It pays where a
 // kernel runs over host memory far slower than the link (the GCN's
 // index_put_, reading its source in the order of a sorted index, ran at a
 // quarter of it), and costs where the room it takes was wanted by the next
@@ -157,11 +159,16 @@ class Uses {
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
+    // The step the plan's trial kept (with the plan, or in the order requested).
+    int64_t kept_step_ns() const { return trial == Trial::kept ? planned_ns : ordered_ns; }
   };
   // Whether `device` is known and in `state` now.
   bool holds(int device, bool (Device::*state)() const) const;
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
   void stepped(Device& d, int64_t now_ns, const Work& work);
+  // Bringing in is kept if `step` (its trial's) is at least 5% shorter than
+  // the step the plan's trial kept, else dropped.
+  void judge_bring_in(Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;

@@ -237,7 +237,8 @@ TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
 }
 
 // Bringing in (bring_in) is tried once the plan's trial is over, against the
-// step the plan's trial kept, and stays only if its step is at least 5% shorter.
+// step the plan's trial kept, and stays only if its step is at least 5% shorter;
+// a step with it twice as long as that one drops it at once.
 TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
   for (const auto& [brought_ns, kept] : {std::pair<int64_t, bool>{89'000'000, true}, {90'000'000, false}}) {
     Job job(true, 64 * mib);
@@ -261,6 +262,19 @@ TEST(Uses, BringingInIsTriedAfterThePlanAndKeptOnlyIfItsStepsAreShorter) {
                              (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "89.0" : "90.0");
     EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
   }
+  // A step with it that lasts more than twice the kept one (190 ms against
+  // 94) drops it at once, at the next request: no second step is waited for.
+  Job slow(true, 64 * mib);
+  slow.uses().try_bring_in();
+  for (int i = 0; i < ordered_steps; ++i) slow.step(i == 2 ? 100'000'000 : 150'000'000);
+  slow.step(94'000'000);
+  slow.step(190'000'000);  // bringing in begins at this step's peak
+  EXPECT_TRUE(slow.uses().brings_in(0));
+  slow.step();
+  EXPECT_FALSE(slow.uses().brings_in(0));
+  EXPECT_FALSE(slow.uses().bringing_in());
+  EXPECT_NE(slow.uses().report().find(" bring_in=dropped bring_in_step_ms=190.0 "), std::string::npos)
+      << slow.uses().report();
   Job off(true, 64 * mib);
   for (int i = 0; i < ordered_steps + 4; ++i) off.step();
   EXPECT_FALSE(off.uses().brings_in(0));
