@@ -82,6 +82,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   const bool busy_before = trace_ && !quiet() && busy();
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
   if (status != CUDA_SUCCESS) return status;
+  if (trace_ && access_ && access_->counting()) trace_->counting();
   if (tiers_->spilled(a.device)) {
     if (trace_ && !trace_->device_full_said()) {
       const Split held = tiers_->held(a.device);

@@ -93,6 +93,14 @@ void TraceRecorder::device_full(std::size_t device_bytes) {
   std::fflush(out_);
 }
 
+void TraceRecorder::counting() {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_ || counting_) return;
+  counting_ = true;
+  std::fprintf(out_, "# counting launches from the next allocation\n");
+  std::fflush(out_);
+}
+
 bool TraceRecorder::device_full_said() {
   std::lock_guard lock(mutex_);
   return device_full_;

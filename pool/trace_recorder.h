@@ -63,6 +63,10 @@ class TraceRecorder {
   // device's size (pool-policy). `device_full_said`: whether it was written.
   void device_full(std::size_t device_bytes);
   bool device_full_said();
+  // The pool counts launches from the allocation written next on (all of its
+  // life is counted, pool/uses.h): a comment line, written once, from which
+  // a replay starts counting (pool-policy; without it, from the start).
+  void counting();
 
  private:
   TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid), opened_ns_(now_ns()) {}
@@ -84,6 +88,7 @@ class TraceRecorder {
   std::unordered_map<std::thread::id, uint32_t> threads_;  // that launched, numbered
   std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
   bool device_full_ = false;  // said
+  bool counting_ = false;     // said
 };
 
 }  // namespace gmem::pool

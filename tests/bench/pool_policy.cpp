@@ -59,6 +59,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -162,8 +163,10 @@ int replay(const std::string& path) {
               path.c_str());
       return 1;
     }
-    table.emplace(true);
-    pool.track_access(&*table);
+    // Counting as the shim did: from the trace's mark (else the start), or
+    // from the device's first spill where that comes first.
+    table.emplace(trace->counting_from == 0);
+    pool.track_access(&*table, trace->counting_from ? std::numeric_limits<double>::infinity() : 0);
     uses.emplace(&*table, true);
   }
   CUcontext context = nullptr;  // the device's (a move needs its allocations' context)
@@ -194,6 +197,7 @@ int replay(const std::string& path) {
     const gmem::trace::Event& e = trace->events[i % events];
     now = i;
     if (i == steady_from) at_steady = accounts;
+    if (table && i == trace->counting_from) table->start_counting();
     if (i % events == 0) {
       // Allocations live at the end of a pass are freed before the next.
       for (std::size_t id = 0; id < live.size(); ++id) {

@@ -14,6 +14,7 @@ namespace {
 
 constexpr const char* header = "# gmem allocation trace v1";
 const std::string device_full = "# device full: the pool held ";
+const std::string counting = "# counting launches from the next allocation";
 
 // An unsigned decimal number below `limit`, and nothing else.
 bool decimal(const std::string& word, std::uint64_t limit, std::uint64_t* out) {
@@ -60,6 +61,7 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
       }
       continue;
     }
+    if (line == counting) t.counting_from = t.events.size();
     std::istringstream fields(line);
     std::string op;
     if (!(fields >> op) || op[0] == '#') continue;

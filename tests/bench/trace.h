@@ -30,6 +30,9 @@ struct Trace {
   // gmem's own traces: the device memory the pool held when the device first
   // spilled (`# device full: the pool held N bytes of the device`); 0 if not said.
   std::uint64_t device_full = 0;
+  // gmem's own traces: the pool counted launches from events[counting_from]
+  // on (`# counting launches from the next allocation`); 0 where not said.
+  std::size_t counting_from = 0;
   // gmem's own traces: the launches that referenced live allocations (`u`
   // lines), each made before `events[before]`: by which thread, of which
   // function (0: not said, as in traces written before they were), and the

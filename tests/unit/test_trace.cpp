@@ -64,6 +64,10 @@ TEST(Trace, GmemsOwnTracesSayHowMuchOfTheDeviceThePoolHeldWhenItFilled) {
   ASSERT_TRUE(t) << error;
   EXPECT_EQ(t->device_full, 78123456512u);
   EXPECT_EQ(t->events.size(), 2u);
+  EXPECT_EQ(t->counting_from, 0u);  // not said: from the start
+  auto counted = read(header + "a 0 100 0\nf 0\n# counting launches from the next allocation\na 1 50 0\n", &error);
+  ASSERT_TRUE(counted) << error;
+  EXPECT_EQ(counted->counting_from, 2u);
 }
 
 TEST(Trace, GmemsOwnTracesSayWhatEachLaunchUsedBetweenWhichEvents) {

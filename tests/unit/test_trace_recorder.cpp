@@ -39,6 +39,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     const TraceRecorder::Made made{3, 2'500'000, std::size_t{64} << 20, false, {}};
     trace->allocated(0x2000, 200 << 20, 77, 64 << 20, &made);
     trace->freed(0x1000);
+    trace->counting();
+    trace->counting();  // said once
     trace->allocated(0x3000, 50, legacy, 0);  // takes id 0 again, on stream 0
     trace->freed(0x9000);                     // never allocated: not written
     trace->allocated(0x4000, 60, 88, 0);      // another stream
@@ -79,6 +81,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_EQ(t->events[6].bytes, std::size_t{300} << 20);
   EXPECT_EQ(t->peak_requested, (std::size_t{300} << 20) + 110);
   EXPECT_EQ(t->device_full, std::size_t{78} << 30);
+  EXPECT_EQ(t->counting_from, 3u);  // from the allocation after the line
+  EXPECT_EQ(text.find("# counting launches"), text.rfind("# counting launches")) << text;
 }
 
 TEST(TraceRecorder, AFileThatCannotBeWrittenIsSaid) {
