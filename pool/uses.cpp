@@ -37,8 +37,17 @@ Uses::Request Uses::request(int device, std::size_t size) {
   k.device = device;
   k.size = size;
   k.last_request = ++requests_;
+  if (!k.live) k.numbered = 0;
+  const uint32_t number = k.numbered++;
   if (d.replan && d.planning()) plan(device);
-  return {kind, device, place_ && d.planning() ? std::size_t(k.off_device * double(size)) : 0};
+  return {kind, device, number, place_ && d.planning() ? k.off_device(number) : 0};
+}
+
+std::size_t Uses::Kind::off_device(uint32_t number) const {
+  const auto it = std::lower_bound(peak.begin(), peak.end(), number);
+  if (it == peak.end() || *it != number) return 0;
+  const auto i = std::size_t(it - peak.begin());
+  return i < off_whole ? size : i == off_whole ? off_part : 0;
 }
 
 bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
@@ -47,7 +56,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
   std::lock_guard lock(mutex_);
-  const Live life{request.kind, request.device, table_->counting()};
+  const Live life{request.kind, request.device, request.number, table_->counting()};
   auto [it, fresh] = live_.try_emplace(base, life);
   if (!fresh) {  // its free was not seen: the old life ends here
     --kinds_[it->second.kind].live;
@@ -135,17 +144,22 @@ void Uses::judge_bring_in(Device& d, int64_t step) {
 void Uses::peak(int device, std::size_t room) {
   std::lock_guard lock(mutex_);
   for (auto& [id, k] : kinds_) {
-    if (k.device == device) k.at_peak = k.live;
+    if (k.device == device) k.peak.clear();
   }
   std::size_t off = 0, peer = 0;
   for (const auto& [base, l] : live_) {
-    const AccessRecord* r = l.device == device ? table_->find(base) : nullptr;
+    if (l.device != device) continue;
+    kinds_[l.kind].peak.push_back(l.number);
+    const AccessRecord* r = table_->find(base);
     if (r && r->base() == base) {
       off += r->host_bytes() + r->peer_bytes();
       peer += r->peer_bytes();
     }
   }
   Device& d = devices_[device];
+  for (auto& [id, k] : kinds_) {
+    if (k.device == device) std::sort(k.peak.begin(), k.peak.end());
+  }
   d.lacked = off > room ? off - room : 0;
   d.replan = true;
   if (peer) d.trial = Trial::peer;
@@ -162,8 +176,9 @@ void Uses::plan(int device) {
   std::vector<Kind*> alive;
   for (auto& [id, k] : kinds_) {
     if (k.device != device) continue;
-    k.off_device = 0;
-    if (k.at_peak && k.figures.allocations) alive.push_back(&k);
+    k.off_whole = 0;
+    k.off_part = 0;
+    if (k.at_peak() && k.figures.allocations) alive.push_back(&k);
   }
   auto passes = [](const Kind* k) { return double(k->figures.passes) / double(k->figures.allocations); };
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) {
@@ -174,25 +189,44 @@ void Uses::plan(int device) {
   // kinds colder than that are worth placing off the device on purpose.
   double bytes = 0, passed = 0;
   for (const Kind* k : alive) {
-    bytes += double(k->size) * k->at_peak;
-    passed += double(k->size) * k->at_peak * passes(k);
+    bytes += double(k->size) * k->at_peak();
+    passed += double(k->size) * k->at_peak() * passes(k);
   }
   Device& d = devices_[device];
-  std::size_t lacked = d.lacked;
+  std::size_t lacked = d.lacked, over = 0;  // over: placed beyond what was lacked
+  std::vector<Kind*> whole;                 // with allocations placed whole, the coldest first
   for (Kind* k : alive) {
     if (!lacked || passes(k) > passed / bytes) break;
-    const std::size_t bytes = std::size_t(k->at_peak) * k->size;
-    // A kind goes whole where the rest of it is at most an 8th of what the
-    // device lacked. A range placed partly on the device is stitched from
-    // both, and while it is free its device chunks serve other requests; it
-    // is then made again, host chunks and all, step after step: the LM at
-    // 2.1x the H100 remade its 26.8 GB range placed 71% off the device in
-    // 0.8 s each step, and stepped 8% faster with it whole. Where the rest
-    // is more, the bytes it would add over PCIe cost more (the GCN at 1.5x,
-    // 78% of 55.3 GB off: 7.9 s a step whole against 6.2 s; docs/results.md).
-    const std::size_t placed = std::min(lacked, bytes);
-    k->off_device = (bytes - placed) * 8 <= d.lacked ? 1.0 : double(placed) / double(bytes);
-    lacked -= placed;
+    const std::size_t wanted = std::min(lacked, std::size_t(k->at_peak()) * k->size);
+    // Whole allocations, then part of the next. That one goes whole too
+    // where its rest is at most an 8th of what the device lacked. A range
+    // placed partly on the device is stitched from both, and while it is
+    // free its device chunks serve other requests; it is then made again,
+    // host chunks and all, step after step: the LM at 2.1x the H100 remade
+    // its 26.8 GB range placed 71% off the device in 0.8 s each step, and
+    // stepped 8% faster with it whole. Where the rest is more, the bytes it
+    // would add over PCIe cost more (the GCN at 1.5x, 78% of 55.3 GB off:
+    // 7.9 s a step whole against 6.2 s; docs/results.md).
+    k->off_whole = uint32_t(wanted / k->size);
+    k->off_part = wanted % k->size;
+    if (k->off_part && (k->size - k->off_part) * 8 <= d.lacked) {
+      over += k->size - k->off_part;
+      ++k->off_whole;
+      k->off_part = 0;
+    }
+    if (k->off_whole) whole.push_back(k);
+    lacked -= wanted;
+  }
+  // What went whole beyond the lack would leave the device idle at the peak
+  // (the LM at 2.2x the H100: 7.8 GB, its last kind a single 26.8 GB
+  // allocation, 5.5% of what the pool held cached free): allocations of the
+  // warmest kinds placed whole stay on the device while the excess covers
+  // them, less a slack of a 32nd of the lack (with about 1 GB left, the
+  // requests that wanted the device first took the host chunks of a cached
+  // range, which was then made again each step: docs/results.md).
+  const std::size_t slack = d.lacked / 32;
+  for (auto it = whole.rbegin(); it != whole.rend(); ++it) {
+    for (Kind* k = *it; k->off_whole && over >= k->size + slack; over -= k->size) --k->off_whole;
   }
   d.replan = false;
 }
@@ -279,17 +313,18 @@ std::string Uses::report_plan(std::size_t most) const {
   }
   std::vector<const Kind*> alive;
   for (const auto& [id, k] : kinds_) {
-    if (k.at_peak) alive.push_back(&k);
+    if (k.at_peak()) alive.push_back(&k);
   }
-  auto bytes = [](const Kind* k) { return k->size * k->at_peak; };
+  auto bytes = [](const Kind* k) { return k->size * k->at_peak(); };
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) { return bytes(a) > bytes(b); });
   alive.resize(std::min(alive.size(), most));
   for (const Kind* k : alive) {
     snprintf(buf, sizeof buf,
              "gmem: report place size=%zu at_peak=%u allocs=%" PRIu64 " passes_per_alloc=%.1f off_device=%.2f "
              "host_share=%.2f\n",
-             k->size, k->at_peak, k->figures.allocations,
-             double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)), k->off_device,
+             k->size, k->at_peak(), k->figures.allocations,
+             double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)),
+             (double(k->off_whole) + double(k->off_part) / double(k->size)) / double(k->at_peak()),
              double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))));
     out += buf;
   }

@@ -10,13 +10,16 @@
 // Placing by use (place_by_use): once a device spills, the bytes the device
 // lacked at the peak (the spilled bytes of the large allocations alive then,
 // less what the device still had room for) go to the kinds alive at the peak
-// with the fewest passes over each allocation (pool/access.h), as a share of each of their
-// allocations' bytes (the whole of it where the rest is at most an 8th of
-// what the device lacked), placed off the device when requested; only kinds passed
-// over less than the average byte alive at the peak (what a spill in the
-// order requested would hit). Hot temporaries (not alive at the peak, or many
-// passes) keep the device. A wrong guess
-// costs speed only: memory off the device stays mapped.
+// with the fewest passes over each allocation (pool/access.h), placed off the
+// device when requested; only kinds passed over less than the average byte
+// alive at the peak (what a spill in the order requested would hit). A kind
+// goes in whole allocations, those alive at the peak and requested first
+// (requests of a kind are numbered from when none of it was last alive: a
+// forward pass's come first, a backward's, made while some are still alive,
+// after), then part of the next (the whole of it where the rest is at most an
+// 8th of what the device lacked). Hot temporaries (not alive at the peak, or
+// many passes) keep the device. A wrong guess costs speed only: memory off
+// the device stays mapped.
 //
 // Passes do not tell how fast a kernel runs over host memory, so the plan is
 // tried, not trusted: once the steps repeat (the pool's use comes within a
@@ -53,6 +56,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "pool/access.h"
 #include "pool/book.h"
@@ -87,6 +91,7 @@ class Uses {
   struct Request {
     uint64_t kind = 0;  // 0: not followed
     int device = -1;
+    uint32_t number = 0;  // of the kind's requests since none of it was alive
     std::size_t off_device = 0;
   };
   Request request(int device, std::size_t size);
@@ -127,12 +132,21 @@ class Uses {
     std::size_t size = 0;
     uint64_t last_request = 0;  // requests_ when last requested
     Figures figures;
-    uint32_t live = 0, at_peak = 0;
-    double off_device = 0;  // the share of each allocation placed off the device
+    uint32_t live = 0;
+    uint32_t numbered = 0;         // requests since none was alive
+    std::vector<uint32_t> peak;    // the numbers of those alive at the last peak, in order
+    // Off the device: whole, the first `off_whole` of `peak`; `off_part`
+    // bytes of the next.
+    uint32_t off_whole = 0;
+    std::size_t off_part = 0;
+    // The bytes of request `number` to place off the device.
+    std::size_t off_device(uint32_t number) const;
+    uint32_t at_peak() const { return uint32_t(peak.size()); }
   };
   struct Live {
     uint64_t kind;
     int device;
+    uint32_t number;
     bool counted;  // launches were counted all its life (AccessTable::counting)
   };
   // The trial of the plan: steps in the order requested, then with the plan

@@ -188,6 +188,95 @@ TEST(Uses, WhatTheDeviceLackedAtThePeakGoesToTheKindsAliveThenWithTheFewestPasse
   EXPECT_EQ(figures_only.step(), (Off{0, 0, 0}));
 }
 
+// A job on device 0 (which spills) with a kind of several allocations alive
+// at once. Each step's forward pass asks for Z (1024 MiB, two launches), then
+// four layers of two hot 128 MiB allocations (five launches each) and an X
+// (64 MiB, one launch). Its backward pass frees Z, then for each layer, last
+// first, asks for the same three sizes (the X of the same kind as the
+// forward's) while the layer's are alive, and frees both. X and Z lie in
+// host memory; at each peak the device had `room` bytes left.
+class Layers {
+ public:
+  explicit Layers(std::size_t room) : uses_(&table_, true), room_(room) {
+    table_.add(z, 1024 * mib, 0, 1024 * mib, 0);
+    for (int i = 0; i <= 4; ++i) {
+      table_.add(slot(i), 128 * mib, 0, 0, 0);
+      table_.add(slot(i) + 128 * mib, 128 * mib, 0, 0, 0);
+      table_.add(slot(i) + 256 * mib, 64 * mib, 0, 64 * mib, 0);
+    }
+  }
+  // One step: the MiB of each request placed off the device, in order.
+  std::vector<std::size_t> step() {
+    std::vector<std::size_t> off;
+    std::size_t used = 0;
+    auto serve_at = [&](CUdeviceptr at, std::size_t size, int launches) {
+      const Uses::Request r = uses_.request(0, size);
+      off.push_back(r.off_device / mib);
+      used += size;
+      if (uses_.served(at, r, used, true, now_)) uses_.peak(0, room_);
+      for (int n = 0; n < launches; ++n) launch(table_, at);
+    };
+    auto layer = [&](int i) {
+      serve_at(slot(i), 128 * mib, 5);
+      serve_at(slot(i) + 128 * mib, 128 * mib, 5);
+      serve_at(slot(i) + 256 * mib, 64 * mib, 1);
+    };
+    auto free_layer = [&](int i) {
+      uses_.freed(slot(i), 128 * mib);
+      uses_.freed(slot(i) + 128 * mib, 128 * mib);
+      uses_.freed(slot(i) + 256 * mib, 64 * mib);
+      used -= 320 * mib;
+    };
+    serve_at(z, 1024 * mib, 2);
+    for (int i = 0; i < 4; ++i) layer(i);
+    uses_.freed(z, 1024 * mib);
+    used -= 1024 * mib;
+    for (int i = 3; i >= 0; --i) {
+      layer(4);  // the backward's, at a place of its own
+      free_layer(i);
+      free_layer(4);
+    }
+    now_ += 100'000'000;
+    return off;
+  }
+
+ private:
+  static constexpr CUdeviceptr z = base;
+  static CUdeviceptr slot(int i) { return base + 1024 * mib + CUdeviceptr(i) * 384 * mib; }
+  AccessTable table_;
+  Uses uses_;
+  const std::size_t room_;
+  int64_t now_ = 0;
+};
+
+TEST(Uses, OfAKindSeveralAliveAtOnceTheFirstGoOffTheDeviceWholeAndNoMoreThanLacked) {
+  // The forward's requests, then the backward's, none placed off the device.
+  auto forward = [](std::vector<std::size_t> x, std::size_t z = 0) {
+    Off off{z};
+    for (std::size_t mib_off : x) off.insert(off.end(), {0, 0, mib_off});
+    off.resize(off.size() + 12, 0);
+    return off;
+  };
+  // The device lacked 160 MiB: of the four X (the coldest), the first two
+  // requested go whole, and half of the third; of the backward's X (of the
+  // same kind, asked for while some of the forward's are alive), none.
+  Layers some(1120 * mib);
+  for (int i = 0; i < ordered_steps; ++i) some.step();
+  EXPECT_EQ(some.step(), forward({64, 64, 32, 0}));
+  // It lacked 184 MiB: the third goes whole (its rest, 8 MiB, is at most an
+  // 8th of what was lacked).
+  Layers more(1096 * mib);
+  for (int i = 0; i < ordered_steps; ++i) more.step();
+  EXPECT_EQ(more.step(), forward({64, 64, 64, 0}));
+  // It lacked 1152 MiB: the four X (256) and Z whole (its rest, 128 MiB, is
+  // at most an 8th of what was lacked) would leave 128 MiB of the device
+  // idle at the peak; one X stays on it, leaving 64 MiB (a 32nd of the lack,
+  // 36 MiB, is kept spare: a second X stays off).
+  Layers most(128 * mib);
+  for (int i = 0; i < ordered_steps; ++i) most.step();
+  EXPECT_EQ(most.step(), forward({64, 64, 64, 0}, 1024));
+}
+
 TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
   Job job(true, 64 * mib);
   for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
