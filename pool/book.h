@@ -17,6 +17,10 @@ namespace gmem::pool {
 // with their highest values since the last reset.
 struct Figures {
   std::size_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  // What the allocations in use asked for: `used` counts the whole of a
+  // range that serves a smaller request, so it depends on which ranges the
+  // pool chose; this depends on the job alone.
+  std::size_t asked = 0;
   // At the peak of use of the job's last whole step while the device spilled
   // (pool/step_ends.h; 0 before one): what was used, what was held, and of
   // what was free then, the device's own chunks (the rest: spilled chunks and
@@ -50,16 +54,20 @@ struct Book {
   Work work;
   std::size_t cached_bytes = 0;  // held, used by no allocation: free chunks and free slab blocks
   std::size_t peak_used = 0;     // the most ever in use (figures.used_high may be reset)
+  std::size_t peak_asked = 0;    // the most ever asked for
   std::size_t granularity = 0;   // of the device's physical memory
   std::size_t total = 0;         // the device's memory
   // The device refused memory: spilled memory the pool holds may serve until
   // the pool gives some of the device's own back, or the device has room again.
   bool full = false;
 
-  void add_used(std::size_t bytes) {
+  // An allocation of `asked` bytes in use, served by `bytes` of memory.
+  void add_used(std::size_t bytes, std::size_t asked) {
     figures.used += bytes;
     figures.used_high = std::max(figures.used_high, figures.used);
     peak_used = std::max(peak_used, figures.used);
+    figures.asked += asked;
+    peak_asked = std::max(peak_asked, figures.asked);
   }
 };
 

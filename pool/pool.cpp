@@ -99,7 +99,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     a.peer_bytes = spilled.peer;
   }
   a.key = *dptr = block.base;
-  if (use.kind && uses_.served(block.base, use, vmm_->figures(a.device).used, tiers_->spilled(a.device), now_ns(),
+  if (use.kind && uses_.served(block.base, use, vmm_->figures(a.device).asked, tiers_->spilled(a.device), now_ns(),
                                vmm_->work(a.device))) {
     uses_.peak(a.device, vmm_->device_room(a.device));
   }

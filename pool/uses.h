@@ -22,8 +22,8 @@
 // the device stays mapped.
 //
 // Passes do not tell how fast a kernel runs over host memory, so the plan is
-// tried, not trusted: once the steps repeat (the pool's use comes within a
-// 64th of its peak once a step, after falling below half of it), the time
+// tried, not trusted: once the steps repeat (the bytes asked for come within
+// a 64th of their peak once a step, after falling below half of it), the time
 // from peak to peak in the order requested (the shorter of two steps) is
 // measured against a step with the plan (after one to settle), and the plan
 // is kept only if that step is at least 5% shorter. report:1 prints the
@@ -97,7 +97,8 @@ class Uses {
   Request request(int device, std::size_t size);
   // `request` was served at `base` (followed if a range starts there) at
   // `now_ns` (steady clock), with `work` the pool's work on the device so far;
-  // the pool's use on its device is now `used`. True if that is its peak so
+  // the allocations in use on its device now ask for `used` bytes
+  // (Figures::asked: the job's, whatever ranges serve them). True if that is its peak so
   // far while the device spills: the pool then tells peak() what room the
   // device has.
   bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,

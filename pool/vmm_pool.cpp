@@ -94,7 +94,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     return status;
   }
   range->blocks[index] = *out;
-  b.add_used(out->physical);
+  b.add_used(out->physical, out->size);
   end_step(device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
@@ -115,7 +115,7 @@ void VmmPool::end_step(int device) {
     steps.peak_reserved = b.figures.reserved;
     steps.peak_free_device = free_device_bytes(device);
   }
-  if (!steps.ends.ended(b.figures.used, b.peak_used)) return;
+  if (!steps.ends.ended(b.figures.asked, b.peak_asked)) return;
   b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
   b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
   b.figures.step_peak_free_device = std::exchange(steps.peak_free_device, 0);
@@ -239,6 +239,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
 void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   Block& block = range.blocks[index];
   books_[range.device].figures.used -= block.physical;
+  books_[range.device].figures.asked -= block.size;
   if (range.class_size) {
     slabs_.release(range, index, pending);
   } else {

@@ -241,7 +241,7 @@ int replay(const std::string& path) {
       const gmem::pool::Uses::Request use = uses ? uses->request(0, e.bytes) : gmem::pool::Uses::Request{};
       CUresult status = pool.alloc(&block, e.bytes, 0, context, e.stream + 1, false, uses ? use.off_device : e.off_device);
       if (status == CUDA_SUCCESS && use.kind &&
-          uses->served(block.base, use, pool.figures(0).used, tiers && tiers->spilled(0), clock_ns, pool.work(0))) {
+          uses->served(block.base, use, pool.figures(0).asked, tiers && tiers->spilled(0), clock_ns, pool.work(0))) {
         uses->peak(0, pool.device_room(0));
       }
       if (status == CUDA_SUCCESS && step >= misses_from && pool.work(0).misses > misses) {

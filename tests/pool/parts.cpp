@@ -226,20 +226,28 @@ TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
   EXPECT_EQ(books[0].figures.reserved, 48 * MiB);
 }
 
+// A pool on a 1 GiB device spilling to up to 4 GiB of host memory.
+class Steps : public ::testing::Test {
+ protected:
+  Steps() { accounting::reset(std::size_t{1} << 30); }
+  static Budgets budgets() {
+    Budgets b;
+    b.peer = Amount::of_bytes(0);
+    b.host = Amount::of_bytes(std::size_t{4} << 30);
+    b.host_prepare = Amount::of_bytes(0);
+    b.host_chunk = Amount::of_bytes(64 * MiB);
+    b.device_reserve = Amount::of_bytes(0);
+    return b;
+  }
+  const vmm::Driver driver = accounting::driver();
+  Tiers tiers{driver, budgets(), nullptr, std::size_t{4} << 30};
+  VmmPool pool{driver, nullptr, VmmPool::default_headroom, &tiers};
+};
+
 // While the device spills, the pool notes each step's peak (what was used and
 // held, and the device's chunks free then); a step that reuses all it holds
 // gives nothing back.
-TEST(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
-  accounting::reset(std::size_t{1} << 30);
-  const vmm::Driver driver = accounting::driver();
-  Budgets budgets;
-  budgets.peer = Amount::of_bytes(0);
-  budgets.host = Amount::of_bytes(std::size_t{4} << 30);
-  budgets.host_prepare = Amount::of_bytes(0);
-  budgets.host_chunk = Amount::of_bytes(64 * MiB);
-  budgets.device_reserve = Amount::of_bytes(0);
-  Tiers tiers(driver, budgets, nullptr, std::size_t{4} << 30);
-  VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+TEST_F(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
   for (int step = 0; step < 3; ++step) {
     // A step begins with little in use (steps end where use comes back to
     // its peak after falling below half of it, as the pool sees at allocations).
@@ -262,6 +270,35 @@ TEST(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
     ASSERT_EQ(pool.free(first.base), CUDA_SUCCESS);
   }
   EXPECT_EQ(pool.work(0).spilled_released, 0u);
+}
+
+// Steps end where the bytes asked for come back to their peak, whatever
+// memory serves them: a range larger than its request counts whole in what
+// is used, so once requests are served closer to their size (here a request
+// placed off the device by use, from step 2) the use never comes back to the
+// peak of the steps before.
+TEST_F(Steps, AStepEndsWhereTheBytesAskedForComeBackNotTheMemoryServingThem) {
+  Block slab, cached;  // a slab made first; a 512 MiB range, cached: it serves the 488 MiB request
+  ASSERT_EQ(pool.alloc(&slab, 4096, 0, nullptr, 1, false), CUDA_SUCCESS);
+  ASSERT_EQ(pool.alloc(&cached, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  ASSERT_EQ(pool.free(cached.base), CUDA_SUCCESS);
+  for (int step = 0; step < 4; ++step) {
+    Block first, a, host;
+    ASSERT_EQ(pool.alloc(&first, 4096, 0, nullptr, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&a, 488 * MiB, 0, nullptr, 1, false, step < 2 ? 0 : 488 * MiB), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&host, 600 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(a.physical, step < 2 ? 512 * MiB : 488 * MiB) << "step " << step;
+    const VmmPool::Figures f = pool.figures(0);
+    EXPECT_EQ(f.asked, 2 * 4096 + 1088 * MiB);
+    if (step > 0) {
+      EXPECT_EQ(f.step_peak_used, f.used) << "step " << step;
+    }
+    ASSERT_EQ(pool.free(host.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(a.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(first.base), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(pool.free(slab.base), CUDA_SUCCESS);
+  EXPECT_EQ(pool.figures(0).asked, 0u);
 }
 
 }  // namespace
