@@ -87,7 +87,9 @@ void Mover::forget_thread() {
 
 Mover::Work Mover::work() const {
   std::lock_guard lock(mutex_);
-  return work_;
+  Work w = work_;
+  w.quiet_needed_ns = uint64_t(quiet_needed().count());
+  return w;
 }
 
 std::chrono::nanoseconds Mover::quiet_needed() const {

@@ -88,6 +88,8 @@ class Mover final : public SpillObserver {
     uint64_t abandoned = 0;  // pauses given up (calls in flight, or a held caller out of patience)
     uint64_t paused_ns = 0;  // the gate closed, over all pauses
     uint64_t brought_in = 0, brought_in_bytes = 0;  // ranges and bytes bring_in moved
+    // The quiet spell without spills it waits for before it moves, as it stands now.
+    uint64_t quiet_needed_ns = 0;
   };
   Work work() const;
 
