@@ -50,7 +50,7 @@ std::size_t Uses::Kind::off_device(uint32_t number) const {
   return i < off_whole ? size : i == off_whole ? off_part : 0;
 }
 
-bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
+bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling, int64_t now_ns,
                   const Work& work) {
   AccessRecord* r = request.kind ? table_->find(base) : nullptr;
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
@@ -65,13 +65,13 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t used, bo
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
-  if (d.step_ends.ended(used, d.peak_used)) {
+  if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.kept_step_ns()) {
     judge_bring_in(d, now_ns - d.step_ns);
   }
-  if (used < d.peak_used) return false;
-  d.peak_used = used;
+  if (asked < d.peak_asked) return false;
+  d.peak_asked = asked;
   return true;
 }
 
@@ -303,7 +303,7 @@ std::string Uses::report_plan(std::size_t most) const {
              "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
              "last_step_slow_map_ms=%.1f\n",
-             device, d.peak_used, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
+             device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),

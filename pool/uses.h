@@ -97,11 +97,11 @@ class Uses {
   Request request(int device, std::size_t size);
   // `request` was served at `base` (followed if a range starts there) at
   // `now_ns` (steady clock), with `work` the pool's work on the device so far;
-  // the allocations in use on its device now ask for `used` bytes
-  // (Figures::asked: the job's, whatever ranges serve them). True if that is its peak so
-  // far while the device spills: the pool then tells peak() what room the
-  // device has.
-  bool served(CUdeviceptr base, const Request& request, std::size_t used, bool spilling, int64_t now_ns,
+  // the allocations in use on its device now ask for `asked` bytes
+  // (Figures::asked: the job's, whatever ranges serve them). True if that is
+  // its peak so far while the device spills: the pool then tells peak() what
+  // room the device has.
+  bool served(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling, int64_t now_ns,
               const Work& work = {});
   // At the peak: the device could still have given `room` bytes (driver and
   // pool free): the kinds alive now, and the bytes the device lacked.
@@ -157,7 +157,7 @@ class Uses {
   enum class BringInTrial { untried, trying, kept, dropped };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
-    std::size_t peak_used = 0;
+    std::size_t peak_asked = 0;  // the most asked for at a served request (reported as peak_used)
     std::size_t lacked = 0;  // at the last peak
     bool replan = false;
     Trial trial = Trial::ordered;

@@ -250,8 +250,9 @@ class Layers {
 };
 
 TEST(Uses, OfAKindSeveralAliveAtOnceTheFirstGoOffTheDeviceWholeAndNoMoreThanLacked) {
-  // The forward's requests, then the backward's, none placed off the device.
-  auto forward = [](std::vector<std::size_t> x, std::size_t z = 0) {
+  // A step's bytes off the device: Z's, each forward layer's X's, then the
+  // backward's requests, none placed off the device.
+  auto step_off = [](std::vector<std::size_t> x, std::size_t z = 0) {
     Off off{z};
     for (std::size_t mib_off : x) off.insert(off.end(), {0, 0, mib_off});
     off.resize(off.size() + 12, 0);
@@ -262,19 +263,19 @@ TEST(Uses, OfAKindSeveralAliveAtOnceTheFirstGoOffTheDeviceWholeAndNoMoreThanLack
   // same kind, asked for while some of the forward's are alive), none.
   Layers some(1120 * mib);
   for (int i = 0; i < ordered_steps; ++i) some.step();
-  EXPECT_EQ(some.step(), forward({64, 64, 32, 0}));
+  EXPECT_EQ(some.step(), step_off({64, 64, 32, 0}));
   // It lacked 184 MiB: the third goes whole (its rest, 8 MiB, is at most an
   // 8th of what was lacked).
   Layers more(1096 * mib);
   for (int i = 0; i < ordered_steps; ++i) more.step();
-  EXPECT_EQ(more.step(), forward({64, 64, 64, 0}));
+  EXPECT_EQ(more.step(), step_off({64, 64, 64, 0}));
   // It lacked 1152 MiB: the four X (256) and Z whole (its rest, 128 MiB, is
   // at most an 8th of what was lacked) would leave 128 MiB of the device
   // idle at the peak; one X stays on it, leaving 64 MiB (a 32nd of the lack,
   // 36 MiB, is kept spare: a second X stays off).
   Layers most(128 * mib);
   for (int i = 0; i < ordered_steps; ++i) most.step();
-  EXPECT_EQ(most.step(), forward({64, 64, 64, 0}, 1024));
+  EXPECT_EQ(most.step(), step_off({64, 64, 64, 0}, 1024));
 }
 
 TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
