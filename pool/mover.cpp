@@ -53,10 +53,10 @@ Mover::~Mover() {
   std::erase(movers, this);
 }
 
-void Mover::spilled() {
+void Mover::spilled(int64_t asked_ns) {
   std::lock_guard lock(mutex_);
   const int64_t now = now_ns();
-  if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, now - last_spill_ns_);
+  if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, asked_ns - last_spill_ns_);
   last_spill_ns_ = now;
   if (thread_.joinable() && settings_.evictor) wake_.notify_all();  // evicting starts now, not after a round's wait
   if (thread_.joinable() || stopping_) return;

@@ -66,9 +66,9 @@ class Mover final : public SpillObserver {
   Mover(const Mover&) = delete;
   Mover& operator=(const Mover&) = delete;
 
-  // An allocation was just served with spilled memory (called under the
-  // pool's lock): starts the thread the first time.
-  void spilled() override;
+  // An allocation asked for at `asked_ns` was just served with spilled
+  // memory (called under the pool's lock): starts the thread the first time.
+  void spilled(int64_t asked_ns) override;
   void stop();
   // Brings the spilled memory of the live ranges at `bases`, of `context`'s
   // device, onto the device now, on the calling thread (a launch about to
@@ -118,7 +118,9 @@ class Mover final : public SpillObserver {
   std::condition_variable wake_;
   bool stopping_ = false;
   int64_t last_spill_ns_ = 0;
-  int64_t longest_gap_ns_ = 0;  // between allocations served with spilled memory
+  // From an allocation served with spilled memory to the next one's request:
+  // the job's own time between spills, not the pool's serving them.
+  int64_t longest_gap_ns_ = 0;
   Work work_;
   std::thread thread_;
 };

@@ -70,7 +70,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
   if (evictor_ && a.size >= Uses::min_size && !quiet() && tiers_->spilled(a.device)) {
-    mover_->spilled();  // a request short of room keeps the mover's thread evicting
+    mover_->spilled(now_ns());  // a request short of room keeps the mover's thread evicting
     evictor_->make_room(a.device, a.size);
   }
   const Uses::Request use = uses_.request(a.device, a.size);

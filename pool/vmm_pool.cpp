@@ -58,6 +58,7 @@ void VmmPool::complete_pending_frees() {
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
                         bool quiet, std::size_t off_device) {
+  const int64_t asked_ns = spill_observer_ ? now_ns() : 0;
   if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
   order_.set_quiet(quiet);
@@ -102,7 +103,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   publish_free_figures(device);
   if (std::find(contexts_.begin(), contexts_.end(), context) == contexts_.end()) contexts_.push_back(context);
-  if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled();
+  if (spill_observer_ && tiers_->spilled(device) && range->spilled()) spill_observer_->spilled(asked_ns);
   return CUDA_SUCCESS;
 }
 

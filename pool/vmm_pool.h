@@ -28,7 +28,9 @@ namespace gmem::pool {
 // Told of every allocation served with spilled memory (pool/mover.h).
 class SpillObserver {
  public:
-  virtual void spilled() = 0;
+  // `asked_ns`: when the request came (now_ns()); the time the pool took to
+  // serve it (pinning host memory, mapping) is the pool's, not the job's.
+  virtual void spilled(int64_t asked_ns) = 0;
 
  protected:
   ~SpillObserver() = default;

@@ -226,7 +226,7 @@ void VmmPool::finish_move(Move& move, bool done) {
   moved_.notify_all();
   // Memory went off the device as a spill would have put it there: the mover
   // leaves it (moving it back would undo the eviction).
-  if (done && move.to_host && spill_observer_) spill_observer_->spilled();
+  if (done && move.to_host && spill_observer_) spill_observer_->spilled(now_ns());
   publish_free_figures(move.device);
 }
 

@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include <string>
+#include <thread>
 
 #include "emu.h"
 
@@ -107,6 +109,9 @@ EMU_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
   if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
       prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     return CUDA_ERROR_NOT_SUPPORTED;  // fabric and Win32 handles: not on this "platform"
+  }
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE && state().pin_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(state().pin_ms));  // not under the lock: as the driver, others go on
   }
   std::lock_guard lock(state().mutex);
   if (!charge_location(prop->location, size)) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -803,6 +803,34 @@ TEST_F(Move, ExportedMemoryStaysWhereItIs) {
   EXPECT_EQ(peer.finish(), 0);
 }
 
+// meson's move-slow-pin run: as the move run, but each pinned host chunk takes
+// the emulator GMEM_EMU_PIN_MS (200 ms) to make. The mover waits for twice the
+// longest quiet spell between spills; the time the pool spends serving a spill
+// is not one: the memory moves back soon after room opens, not a whole step's
+// pinning later (a first step that pins gigabytes would hold it up for seconds).
+using MoveSlowPin = Tiers;
+
+TEST_F(MoveSlowPin, TheTimeSpentPinningIsNotAQuietSpellTheMoverWaitsOut) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);  // 24 on the device, 16 on the host
+  const auto asked = std::chrono::steady_clock::now();
+  CUdeviceptr c = alloc(8 * mib);  // all on the host
+  const auto serving = std::chrono::steady_clock::now() - asked;
+  ASSERT_GE(serving, std::chrono::milliseconds(200)) << "the emulator did not take GMEM_EMU_PIN_MS to pin";
+  fill(b, 40 * mib, 33);
+  fill(c, 8 * mib, 34);
+  const uint64_t before = moved_back();
+  free(a);
+  const auto freed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 24 * mib));
+  EXPECT_LT(std::chrono::steady_clock::now() - freed, serving)
+      << "the mover counted the pinning of c as a gap between spills";
+  EXPECT_TRUE(on_device_0(b + 39 * mib));
+  EXPECT_TRUE(on_device_0(c + 7 * mib));
+  check(b, 40 * mib, 33);
+  check(c, 8 * mib, 34);
+}
+
 // meson's evict run: migrate_after_ms:50,evict:1, the host tier only, on a
 // device of 256 MiB (requests under 64 MiB never wait for room). While
 // the device spills, allocations no launch referenced lately move to the host
