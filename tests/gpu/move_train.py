@@ -90,7 +90,7 @@ def main():
     ap.add_argument("--before", type=int, default=3, help="steps with the ballast (spilled)")
     # The mover waits twice the longest gap between the job's spilling
     # allocations (the time spent pinning not counted) before it moves: 1.65 s
-    # on an H100, where 40 steps took 2.4 s (docs/results.md). Enough steps.
+    # on an H100, which moved at the 34th of 40 steps (docs/results.md). Enough steps.
     ap.add_argument("--after", type=int, default=60, help="steps after it is freed")
     ap.add_argument("--timeout", type=int, default=400, help="seconds per run")
     ap.add_argument("--out", default=".", help="folder for the runs' logs")
