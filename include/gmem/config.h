@@ -63,7 +63,8 @@
     "pool:vmm moves the spilled memory of live allocations back to the device once "  \
     "no allocation has been served with spilled memory for this long (and for twice " \
     "the longest gap between such allocations, at most 5 minutes) and the device has " \
-    "room again; the program's launches and copies pause while it moves; 0: never")  \
+    "room again, the time the pool takes to serve such an allocation not counted as a " \
+    "gap; the program's launches and copies pause while it moves; 0: never")         \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \
