@@ -57,6 +57,7 @@ void Mover::spilled(int64_t asked_ns) {
   std::lock_guard lock(mutex_);
   const int64_t now = now_ns();
   if (last_spill_ns_) longest_gap_ns_ = std::max(longest_gap_ns_, asked_ns - last_spill_ns_);
+  if (!first_spill_ns_) first_spill_ns_ = now;
   last_spill_ns_ = now;
   if (thread_.joinable() && settings_.evictor) wake_.notify_all();  // evicting starts now, not after a round's wait
   if (thread_.joinable() || stopping_) return;
@@ -204,6 +205,10 @@ void Mover::round(std::chrono::nanoseconds idle) {
   });
   std::lock_guard lock(mutex_);
   work_.paused_ns += paused;
+  if (held && !work_.rounds) {
+    work_.first_round_ns = uint64_t(now_ns() - first_spill_ns_);
+    work_.first_round_quiet_ns = uint64_t(idle.count());
+  }
   if (held) {
     ++work_.rounds;
   } else {

@@ -90,6 +90,9 @@ class Mover final : public SpillObserver {
     uint64_t brought_in = 0, brought_in_bytes = 0;  // ranges and bytes bring_in moved
     // The quiet spell without spills it waits for before it moves, as it stands now.
     uint64_t quiet_needed_ns = 0;
+    // Its first pause that moved memory: how long after the first spill, and
+    // the quiet spell it had waited for then.
+    uint64_t first_round_ns = 0, first_round_quiet_ns = 0;
   };
   Work work() const;
 
@@ -117,7 +120,7 @@ class Mover final : public SpillObserver {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  int64_t last_spill_ns_ = 0;
+  int64_t first_spill_ns_ = 0, last_spill_ns_ = 0;
   // From an allocation served with spilled memory to the next one's request:
   // the job's own time between spills, not the pool's serving them.
   int64_t longest_gap_ns_ = 0;

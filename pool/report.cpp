@@ -56,7 +56,9 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
            " paused_us=" + std::to_string(w.paused_ns / 1000) + " brought_in=" + std::to_string(w.brought_in) +
            " brought_in_bytes=" + std::to_string(w.brought_in_bytes) +
-           " quiet_needed_ms=" + std::to_string(w.quiet_needed_ns / 1'000'000) + "\n";
+           " quiet_needed_ms=" + std::to_string(w.quiet_needed_ns / 1'000'000) +
+           " first_round_ms=" + std::to_string(w.first_round_ns / 1'000'000) +
+           " first_round_quiet_ms=" + std::to_string(w.first_round_quiet_ns / 1'000'000) + "\n";
   }
   if (evictor) {
     const Evictor::Work w = evictor->work();
