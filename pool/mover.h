@@ -3,10 +3,11 @@
 // waits until no allocation has been served with spilled memory for `after`,
 // and for twice the longest such gap seen (at most five minutes): a job that
 // spills at every step (training past the device's memory) would only push
-// other memory out, mid-step, and pay for it again. Then it pauses the program's submissions
-// (interpose/gate.h), synchronizes the contexts of live allocations, and lets
-// the pool copy each spilled chunk into a new device chunk and remap it at the
-// same address. Nothing can touch the memory meanwhile: no call that submits
+// other memory out, mid-step, and pay for it again; and only while what the
+// job's allocations ask for fits the device. Then it pauses the program's
+// submissions (interpose/gate.h), synchronizes the contexts of live
+// allocations, and lets the pool copy each spilled chunk into a new device
+// chunk and remap it at the same address. Nothing can touch the memory meanwhile: no call that submits
 // work runs, and no work submitted before is still running. It stops at exit
 // and does not exist in a forked child.
 #pragma once

@@ -229,12 +229,16 @@ std::size_t Tiers::peer_room(int peer) {
   return std::min(above_reserve, within_budget);
 }
 
-std::size_t Tiers::device_room(int device, std::size_t pool_bytes) {
-  DeviceInfo& d = info(device);
+std::size_t Tiers::on_device(int device, std::size_t pool_bytes) {
+  const DeviceInfo& d = info(device);
   const std::size_t spilled = d.spilled.peer + d.spilled.host;
-  const std::size_t on_device = pool_bytes > spilled ? pool_bytes - spilled : 0;
-  const std::size_t budget = budgets_.device.of(d.total);
-  return budget > on_device ? budget - on_device : 0;
+  return pool_bytes > spilled ? pool_bytes - spilled : 0;
+}
+
+std::size_t Tiers::device_room(int device, std::size_t pool_bytes) {
+  const std::size_t held = on_device(device, pool_bytes);
+  const std::size_t budget = budgets_.device.of(info(device).total);
+  return budget > held ? budget - held : 0;
 }
 
 bool Tiers::device_may_hold(int device, std::size_t pool_bytes, std::size_t size) {
@@ -258,6 +262,11 @@ std::size_t Tiers::device_free_locked(int device, std::size_t pool_bytes) {
 std::size_t Tiers::device_free(int device, std::size_t pool_bytes) {
   std::lock_guard lock(mutex_);
   return device_free_locked(device, pool_bytes);
+}
+
+std::size_t Tiers::device_capacity(int device, std::size_t pool_bytes) {
+  std::lock_guard lock(mutex_);
+  return on_device(device, pool_bytes) + device_free_locked(device, pool_bytes);
 }
 
 CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool device_too, vmm::Chunk* out) {

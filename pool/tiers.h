@@ -49,6 +49,10 @@ class Tiers final : public vmm::ChunkObserver {
   // driver's own needs: kernels' local memory, modules; a device filled to its
   // last chunk failed torch's kernels with out of memory), within its budget.
   std::size_t device_free(int device, std::size_t pool_bytes);
+  // What of `device` (whose context is current) the pool's allocations could
+  // have in all while it holds `pool_bytes` for it: its chunks on the device
+  // and device_free.
+  std::size_t device_capacity(int device, std::size_t pool_bytes);
   // One chunk for `want` bytes of `device` (whose context is current), where
   // the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with
@@ -135,6 +139,8 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t peer_room(int peer);
   // Room on `device` itself (its context current) within its budget; under mutex_.
   std::size_t device_room(int device, std::size_t pool_bytes);
+  // Of `pool_bytes`, the chunks on `device` itself; under mutex_.
+  std::size_t on_device(int device, std::size_t pool_bytes);
   std::size_t device_free_locked(int device, std::size_t pool_bytes);
   std::size_t host_budget_locked();
   std::size_t host_room_locked() { return host_budget_locked() - std::min(host_budget_locked(), host_held_); }

@@ -148,7 +148,8 @@ class VmmPool {
   // The devices where live allocations hold spilled chunks and the device has
   // room for one of them now: memory the driver has free (less
   // device_reserve), and the pool's own free device chunks no request has
-  // used since `idle_since_ns` (steady clock).
+  // used since `idle_since_ns` (steady clock); and what its allocations ask
+  // for in all, the spilled ones too, fits the device.
   std::vector<Movable> movable(int64_t idle_since_ns);
   // Every context the pool has served and not seen destroyed: the ones to
   // synchronize before moving (a kernel of one may use another's memory).

@@ -803,6 +803,33 @@ TEST_F(Move, ExportedMemoryStaysWhereItIs) {
   EXPECT_EQ(peer.finish(), 0);
 }
 
+// A job that still asks for more than the device holds keeps its spilled
+// memory where it is, however long the room it freed lies idle: its next
+// peak would push memory off again (a spilling GCN between the two peaks of
+// its first step). Once what it asks for fits, the memory moves back.
+// meson's move-asked run: as the move run, in a process of its own (the
+// mover waits twice the longest gap between spills, and the gaps between
+// other tests' spills would hold it up for seconds).
+using MoveAsked = Tiers;
+
+TEST_F(MoveAsked, NothingMovesBackWhileTheJobAsksForMoreThanTheDeviceHolds) {
+  CUdeviceptr a = alloc(16 * mib);
+  CUdeviceptr b = alloc(48 * mib);
+  CUdeviceptr c = alloc(24 * mib);  // all in the tier
+  fill(c, 24 * mib, 35);
+  ASSERT_FALSE(on_device_0(c));
+  const uint64_t before = moved_back();
+  free(a);  // 16 MiB free on the device, 72 asked of its 64
+  // Where the job fits, the memory moves in about 0.1 s here (one spill, no gap).
+  sleep(2);
+  EXPECT_EQ(moved_back(), before);
+  EXPECT_FALSE(on_device_0(c));
+  free(b);  // 24 asked
+  ASSERT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 24 * mib)) << moved_back() - before;
+  EXPECT_TRUE(on_device_0(c + 23 * mib));
+  check(c, 24 * mib, 35);
+}
+
 // meson's move-slow-pin run: as the move run, but each pinned host chunk takes
 // the emulator GMEM_EMU_PIN_MS (200 ms) to make. The mover waits for twice the
 // longest quiet spell between spills; the time the pool spends serving a spill
