@@ -67,7 +67,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   Device& d = devices_[request.device];
   if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(d, now_ns, work);
-  } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.kept_step_ns()) {
+  } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
@@ -119,7 +119,7 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   }
   switch (d.bring_in) {
     case BringInTrial::untried:
-      if (bring_in_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) {
+      if (bring_in_ && d.trial == Trial::dropped) {
         d.bring_in = BringInTrial::trying;
         bringing_in_.store(true, std::memory_order_relaxed);
       }
@@ -135,7 +135,7 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
 
 void Uses::judge_bring_in(Device& d, int64_t step) {
   d.bring_in_ns = step;
-  d.bring_in = step * 20 <= d.kept_step_ns() * 19 ? BringInTrial::kept : BringInTrial::dropped;
+  d.bring_in = step * 20 <= d.ordered_ns * 19 ? BringInTrial::kept : BringInTrial::dropped;
   bool any = false;
   for (const auto& [id, other] : devices_) any |= other.bringing_in();
   bringing_in_.store(any, std::memory_order_relaxed);

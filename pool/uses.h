@@ -31,15 +31,19 @@
 //
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
-// is over: two steps with it (the first settles), kept only if the second is
-// at least 5% shorter than the step the plan's trial kept, or dropped as soon
-// as a step with it has lasted twice that long (the LM's took 31 s against
-// 5.0, and the trial's steps cost it about 18 s in all). It pays where a
-// kernel runs over host memory far slower than the link (the GCN's
-// index_put_, reading its source in the order of a sorted index, ran at a
-// quarter of it), and costs where the room it takes was wanted by the next
-// requests (the LM's steps took 1.7x as long). Without place_by_use, steps
-// are not timed, and nothing is tried.
+// has dropped the plan: two steps with it (the first settles), kept only if
+// the second is at least 5% shorter than the shortest in the order requested,
+// or dropped as soon as a step with it has lasted twice that long (the LM's
+// took 31 s against 5.0, and the trial's steps cost it about 18 s in all). It
+// pays where a kernel runs over host memory far slower than the link (the
+// GCN's index_put_, reading its source in the order of a sorted index, ran at
+// a quarter of it), and costs where the room it takes was wanted by the next
+// requests (the LM's steps took 1.7x as long). A kept plan has chosen what
+// lies on the device, and bringing in is not tried after it: on the H100 each
+// such trial was dropped (the LM's steps took 11.0-11.4 s against 7.0; the
+// GCN at 1.5x with its plan kept, 6.7 s against 3.8, and the job then ran out
+// of memory: docs/results.md). Without place_by_use, steps are not timed, and
+// nothing is tried.
 //
 // No plan once a peer holds part of a device's peak: what leaves the device
 // goes to a peer before the host whatever the plan, and runs there at about
@@ -174,15 +178,13 @@ class Uses {
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
-    // The step the plan's trial kept (with the plan, or in the order requested).
-    int64_t kept_step_ns() const { return trial == Trial::kept ? planned_ns : ordered_ns; }
   };
   // Whether `device` is known and in `state` now.
   bool holds(int device, bool (Device::*state)() const) const;
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
   void stepped(Device& d, int64_t now_ns, const Work& work);
   // Bringing in is kept if `step` (its trial's) is at least 5% shorter than
-  // the step the plan's trial kept, else dropped.
+  // the shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;
