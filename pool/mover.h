@@ -7,9 +7,9 @@
 // job's allocations ask for fits the device. Then it pauses the program's
 // submissions (interpose/gate.h), synchronizes the contexts of live
 // allocations, and lets the pool copy each spilled chunk into a new device
-// chunk and remap it at the same address. Nothing can touch the memory meanwhile: no call that submits
-// work runs, and no work submitted before is still running. It stops at exit
-// and does not exist in a forked child.
+// chunk and remap it at the same address. Nothing can touch the memory
+// meanwhile: no call that submits work runs, and no work submitted before is
+// still running. It stops at exit and does not exist in a forked child.
 #pragma once
 
 #include <chrono>
