@@ -24,7 +24,10 @@ step times (default): --sizes S... [--reference R]
   BENCH lines: spill_<job>_<size>_step_ms, _gpu_multiple,
   _vs_in_memory_scaled, _pcie_gb_per_step, _host_access_gb_per_step,
   _pcie_limit_ms, _step_vs_pcie_limit, _first_step_vs_steady (the first
-  warmup step over the median timed one), _cached_free_at_peak (of what gmem
+  warmup step over the steady step below, or with fewer than 3 timed steps
+  over the median timed one: the median mixed the trials' slow steps in,
+  which made the first step look closer to the steady one than it is),
+  _cached_free_at_peak (of what gmem
   held at the last whole step's peak while it spilled, the share no allocation
   used; from report:1) and spill_<job>_<R>_in_memory_step_ms. With 3 timed
   steps or more, also _steady_step_ms, _steady_vs_in_memory_scaled and
@@ -109,7 +112,7 @@ def step_times(args):
         if scaled and "steady_step_ms" in f:
             f["steady_vs_in_memory_scaled"] = f["steady_step_ms"] / scaled
         if r.get("warmup_ms"):
-            f["first_vs_steady"] = r["warmup_ms"][0] / r["step_ms"]
+            f["first_vs_steady"] = r["warmup_ms"][0] / f.get("steady_step_ms", r["step_ms"])
         if "step_peak" in r:
             f["cached_free_at_peak"] = 1 - r["step_peak"]["used"] / r["step_peak"]["reserved"]
         print(f"| {size} | {r['step_ms']:.1f} | {r['physical_peak'] / GB:.1f} | {f['gpu_multiple']:.2f} | "
