@@ -264,9 +264,9 @@ std::size_t Tiers::device_free(int device, std::size_t pool_bytes) {
   return device_free_locked(device, pool_bytes);
 }
 
-std::size_t Tiers::device_capacity(int device, std::size_t pool_bytes) {
+std::size_t Tiers::device_held(int device, std::size_t pool_bytes) {
   std::lock_guard lock(mutex_);
-  return on_device(device, pool_bytes) + device_free_locked(device, pool_bytes);
+  return on_device(device, pool_bytes);
 }
 
 CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool device_too, vmm::Chunk* out) {

@@ -49,10 +49,8 @@ class Tiers final : public vmm::ChunkObserver {
   // driver's own needs: kernels' local memory, modules; a device filled to its
   // last chunk failed torch's kernels with out of memory), within its budget.
   std::size_t device_free(int device, std::size_t pool_bytes);
-  // What of `device` (whose context is current) the pool's allocations could
-  // have in all while it holds `pool_bytes` for it: its chunks on the device
-  // and device_free.
-  std::size_t device_capacity(int device, std::size_t pool_bytes);
+  // Of `pool_bytes` the pool holds for `device`, its chunks on the device itself.
+  std::size_t device_held(int device, std::size_t pool_bytes);
   // One chunk for `want` bytes of `device` (whose context is current), where
   // the pool holds `pool_bytes` for it: on the device itself if part of
   // `want` still fits there (within its budget), else on the best peer with

@@ -37,15 +37,14 @@ std::vector<VmmPool::Movable> VmmPool::movable(int64_t idle_since_ns) {
     }
     if (!context || driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return;
     std::size_t room = tiers_->device_free(device, b.figures.reserved);
-    const std::size_t capacity = tiers_->device_capacity(device, b.figures.reserved);
     CUcontext popped = nullptr;
     driver_.cuCtxPopCurrent_v2(&popped);
-    // A job that asks for more than the device can hold is still past it,
-    // whatever it freed for a while: what moved back now would push other
-    // memory off at its next peak (the GCN at 2.3x the H100 had 62.7 GB
-    // moved back between the two peaks of its first step, and a quarter of
-    // the device idle at every peak after: docs/results.md).
-    if (b.figures.asked > capacity) return;
+    // A job that asks for more than the device can hold (its chunks there and
+    // device_free) is still past it, whatever it freed for a while: what
+    // moved back now would push other memory off at its next peak (the GCN at
+    // 2.3x the H100 had 62.7 GB moved back between the two peaks of its first
+    // step, and a quarter of the device idle at every peak after: docs/results.md).
+    if (b.figures.asked > tiers_->device_held(device, b.figures.reserved) + room) return;
     for (const Piece* p : idle_device_pieces(device, idle_since_ns)) room += p->memory.size();
     if (room >= smallest) out.push_back({device, context});
   });
