@@ -55,10 +55,17 @@ class AccessRecord {
     uint64_t bytes = 0;
     // Passes over the range: launches, less those that continue the same
     // kernel's walk through it (the same function as the thread's last launch
-    // to reference the range, at a higher address). A kernel over more
-    // elements than one launch takes (PyTorch splits at 2^31) is one pass, as
-    // is a kernel run on each slice of a tensor in turn: a count of how many
-    // times the range's bytes are touched, not of launches.
+    // to reference the range, at a higher address, or at the same address
+    // where that launch was the thread's last). A kernel over more elements
+    // than one launch takes (PyTorch splits at 2^31) is one pass, as is a
+    // kernel run on each slice of a tensor in turn, and one launched again
+    // and again at the same address (the GCN's mul backward launches 32
+    // times in a row with its gradient at one address, each launch taking
+    // another part of it: as separate passes the gradient looked 15 times
+    // hotter than the tensors beside it, and the wrong one stayed on the
+    // device; docs/results.md). The same kernel at the same address after
+    // other launches (a weight's, step after step) passes again: a count of
+    // how many times the range's bytes are touched, not of launches.
     uint64_t passes = 0;
     bool operator==(const Figures&) const = default;
     Figures operator-(const Figures& o) const { return {launches - o.launches, bytes - o.bytes, passes - o.passes}; }
@@ -247,12 +254,15 @@ class LaunchReferences {
 inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) {
   AccessTable::Counts& counts = counts_.at(record.id_);
   if (counts.mark == mark_) return;
+  const bool follows = counts.mark + 1 == mark_;  // the thread's last launch referenced it too
   counts.mark = mark_;
   ++ranges_;
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
   if (trace_ && record.size() >= large_range) large_.push_back({record.base(), offset});
-  if (!function_ || counts.function != function_ || offset <= counts.offset) {
+  const bool continues =
+      function_ && counts.function == function_ && (offset > counts.offset || (offset == counts.offset && follows));
+  if (!continues) {
     counts.passes.store(counts.passes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   counts.function = function_;

@@ -351,8 +351,11 @@ TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
 }
 
 // Placing by use (pool/uses.h), with a 256 MiB device budget and 64 MiB host
-// chunks. Each step, A (128 MiB, one launch) and then B (192 MiB, five)
-// are alive together: 64 MiB do not fit on the device. The first steps place
+// chunks. Each step, A (128 MiB) and then B (192 MiB) are alive together:
+// 64 MiB do not fit on the device. A kernel is launched three times at A's
+// start (one pass: each launch may take another part of it), and twice over B
+// (two passes, each a launch at its start and one at its middle), so B is
+// passed over more per byte. The first steps place
 // in the order requested (B's tail spills); once the pool has timed steps
 // that repeat, the plan is tried: the kernels' least used allocation, A,
 // takes the spill instead, and B, the hot one, lies on the device.
@@ -363,9 +366,12 @@ TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
   auto step = [&] {
     CUdeviceptr a = 0, b = 0;
     EXPECT_EQ(cuMemAlloc_v2(&a, 128 * mib), CUDA_SUCCESS);
-    EXPECT_EQ(launch_two(a, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(launch_two(a, 0, 0), CUDA_SUCCESS);
     EXPECT_EQ(cuMemAlloc_v2(&b, 192 * mib), CUDA_SUCCESS);
-    for (int i = 0; i < 5; ++i) EXPECT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+      EXPECT_EQ(launch_two(b + 96 * mib, 0, 0), CUDA_SUCCESS);
+    }
     OwnStats stats;
     const Step placed{stats.placement(a).host_bytes, stats.placement(b).host_bytes};
     EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
