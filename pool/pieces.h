@@ -38,6 +38,7 @@ struct Piece {
   bool spilled = false;        // made by the tiers somewhere other than the device
   int64_t freed_ns = 0;        // when it last became free (steady clock)
   uint64_t freed_at = 0;       // and the ranges handed out by then (Pieces::hand_out)
+  uint64_t free_at_end = 0;    // the last step end (VmmPool's count) that found it free
   FreePieces::iterator free_entry;  // while free
   FreePieces::node_type free_node;  // while not free: its entry, kept for the next (no allocation)
   std::list<Piece>::iterator self;

@@ -117,11 +117,14 @@ CUresult Stitcher::add_new(int device, std::size_t size, std::vector<Piece*>* pa
     fresh = nullptr;
     if (*covered >= size) status = CUDA_SUCCESS;
   }
-  if (status == CUDA_SUCCESS && fresh) parts->push_back(fresh);
+  if (status == CUDA_SUCCESS && fresh) {
+    *covered += fresh->memory.size();
+    parts->push_back(fresh);
+  }
   return status;
 }
 
-CUresult Stitcher::merge(int device, std::vector<Piece*>* parts) {
+void Stitcher::merge(int device, std::vector<Piece*>* parts, std::size_t* covered) {
   std::sort(parts->begin(), parts->end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
   std::size_t on_device = device_parts(*parts);
   std::vector<Piece*> merged;
@@ -135,14 +138,19 @@ CUresult Stitcher::merge(int device, std::vector<Piece*>* parts) {
     }
   }
   if (merged.size() == 1) parts->push_back(merged[0]);
-  if (merged.size() <= 1) return CUDA_SUCCESS;
+  if (merged.size() <= 1) return;
   std::size_t bytes = 0;
   for (Piece* p : merged) bytes += p->memory.size();
   for (Piece* p : merged) ranges_.drop(*p);
+  *covered -= bytes;
+  // The driver may not give the bytes back as one chunk at once: once the
+  // device spills its last memory stays the driver's (device_reserve), so a
+  // device with less free than that refuses what was just released. The
+  // caller then makes the rest as any new memory, down to the host.
   Piece* whole = nullptr;
-  if (CUresult made = pieces_.make(device, bytes, Pieces::Where::device, &whole)) return made;
+  if (pieces_.make(device, bytes, Pieces::Where::device, &whole) != CUDA_SUCCESS) return;
   parts->push_back(whole);
-  return CUDA_SUCCESS;
+  *covered += whole->memory.size();
 }
 
 void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std::vector<Piece*>* parts,
@@ -226,7 +234,10 @@ CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, std::si
     take_free(device, size, stream, false, most, Tier::any, &parts, &covered);
   }
   CUresult status = covered < size ? add_new(device, size, &parts, &covered) : CUDA_SUCCESS;
-  if (status == CUDA_SUCCESS && device_parts(parts) > most_parts) status = merge(device, &parts);
+  if (status == CUDA_SUCCESS && device_parts(parts) > most_parts) {
+    merge(device, &parts, &covered);
+    if (covered < size) status = add_new(device, size, &parts, &covered);
+  }
   if (status == CUDA_SUCCESS && parts.size() > 1) books_.publish(device, GMEM_STAT_stitches, 1);
   if (status == CUDA_SUCCESS) status = ranges_.map(parts, device, out);
   if (status != CUDA_SUCCESS) {

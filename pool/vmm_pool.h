@@ -289,8 +289,12 @@ class VmmPool {
   PerDevice<Recall::Missed> missed_;
   struct Steps {
     StepEnds ends;
-    uint64_t began = 0;   // Pieces::handed_out at the last end
-    uint64_t misses = 0;  // Work::misses then
+    uint64_t ended = 0;         // steps ended
+    uint64_t began = 0;         // Pieces::handed_out at the last end
+    uint64_t misses = 0;        // Work::misses then
+    uint64_t spilled_made = 0;  // Work::spilled_made then
+    bool gave_back_free_at_peaks = false;  // at the last end
+    bool keep_free_at_peaks = false;       // once the step after that made spilled chunks
     std::size_t peak_used = 0, peak_reserved = 0, peak_free_device = 0;  // of the step under way
   };
   PerDevice<Steps> steps_;

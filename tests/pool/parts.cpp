@@ -272,6 +272,69 @@ TEST_F(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
   EXPECT_EQ(pool.work(0).spilled_released, 0u);
 }
 
+// Host memory the job needs between its peaks: the 768 MiB tensor and P
+// (128 MiB, off the device) make the peak; once both are freed, Q (512 MiB,
+// off the device) is asked for. Q's chunks lie free at every peak, so they go
+// back; made again, Q takes P's two chunks and must pin six more. They were
+// needed after all: from then on none goes back for lying free at the peaks,
+// where each return would pin again the step after.
+TEST_F(Steps, SpilledChunksFreeAtTwoPeaksGoBackUntilTheirReturnIsPinnedAgain) {
+  auto alloc_off = [&](Block* b, std::size_t size) { return pool.alloc(b, size, 0, nullptr, 1, false, size); };
+  {
+    Block p, q;
+    ASSERT_EQ(alloc_off(&p, 128 * MiB), CUDA_SUCCESS);
+    ASSERT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(q.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(p.base), CUDA_SUCCESS);
+  }
+  const uint64_t made = pool.work(0).spilled_made;
+  for (int step = 0; step < 8; ++step) {
+    Block first, big, p, q;
+    ASSERT_EQ(pool.alloc(&first, 4096, 0, nullptr, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&big, 768 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(alloc_off(&p, 128 * MiB), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(p.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(big.base), CUDA_SUCCESS);
+    ASSERT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(tiers.split(q.base, q.size).host, 512 * MiB) << "step " << step;
+    ASSERT_EQ(pool.free(q.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(first.base), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(pool.work(0).spilled_released, 8u) << "Q's eight chunks, once";
+  EXPECT_EQ(pool.work(0).spilled_made, made + 6);
+  EXPECT_EQ(tiers.host_held(), 512 * MiB);
+}
+
+// A pool on the 1 GiB device that leaves the driver its last 64 MiB once it
+// spills (device_reserve), and memory outside the pool (a library's
+// workspace) takes 32 MiB of those. A range asked for past the device takes
+// its 70 free 8 MiB chunks, more than one range maps: the smallest are released to
+// be made again as one, which the device, with less free than it keeps for
+// the driver, refuses. The range is made all the same, its rest on the host.
+TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne) {
+  Budgets b = budgets();
+  b.device_reserve = Amount::of_bytes(64 * MiB);
+  Tiers reserving{driver, b, nullptr, std::size_t{4} << 30};
+  VmmPool pool{driver, nullptr, VmmPool::default_headroom, &reserving};
+  Block off;  // placed on the host: the device spills
+  ASSERT_EQ(pool.alloc(&off, 64 * MiB, 0, nullptr, 1, false, 64 * MiB), CUDA_SUCCESS);
+  std::vector<Block> small(70);
+  for (Block& s : small) ASSERT_EQ(pool.alloc(&s, 8 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  Block big;
+  ASSERT_EQ(pool.alloc(&big, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  for (Block& s : small) ASSERT_EQ(pool.free(s.base), CUDA_SUCCESS);
+  vmm::Chunk outside;
+  ASSERT_EQ(vmm::Chunk::create(driver, 0, 32 * MiB, &outside), CUDA_SUCCESS);
+  Block wide;
+  ASSERT_EQ(pool.alloc(&wide, 600 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  EXPECT_GT(reserving.split(wide.base, wide.size).host, 0u);
+  EXPECT_EQ(pool.work(0).refused, 0u);
+  EXPECT_GT(pool.work(0).chunks_released, 0u) << "chunks were merged";
+  ASSERT_EQ(pool.free(wide.base), CUDA_SUCCESS);
+  ASSERT_EQ(pool.free(big.base), CUDA_SUCCESS);
+  ASSERT_EQ(pool.free(off.base), CUDA_SUCCESS);
+}
+
 // Steps end where the bytes asked for come back to their peak, whatever
 // memory serves them: a range larger than its request counts whole in what
 // is used, so once requests are served closer to their size (here a request
