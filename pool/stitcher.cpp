@@ -124,7 +124,7 @@ CUresult Stitcher::add_new(int device, std::size_t size, std::vector<Piece*>* pa
   return status;
 }
 
-void Stitcher::merge(int device, std::vector<Piece*>* parts, std::size_t* covered) {
+std::size_t Stitcher::merge(std::vector<Piece*>* parts, std::size_t* covered) {
   std::sort(parts->begin(), parts->end(), [](Piece* a, Piece* b) { return a->memory.size() < b->memory.size(); });
   std::size_t on_device = device_parts(*parts);
   std::vector<Piece*> merged;
@@ -138,19 +138,12 @@ void Stitcher::merge(int device, std::vector<Piece*>* parts, std::size_t* covere
     }
   }
   if (merged.size() == 1) parts->push_back(merged[0]);
-  if (merged.size() <= 1) return;
+  if (merged.size() <= 1) return 0;
   std::size_t bytes = 0;
   for (Piece* p : merged) bytes += p->memory.size();
   for (Piece* p : merged) ranges_.drop(*p);
   *covered -= bytes;
-  // The driver may not give the bytes back as one chunk at once: once the
-  // device spills its last memory stays the driver's (device_reserve), so a
-  // device with less free than that refuses what was just released. The
-  // caller then makes the rest as any new memory, down to the host.
-  Piece* whole = nullptr;
-  if (pieces_.make(device, bytes, Pieces::Where::device, &whole) != CUDA_SUCCESS) return;
-  parts->push_back(whole);
-  *covered += whole->memory.size();
+  return bytes;
 }
 
 void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std::vector<Piece*>* parts,
@@ -235,8 +228,13 @@ CUresult Stitcher::stitch(std::size_t size, int device, StreamId stream, std::si
   }
   CUresult status = covered < size ? add_new(device, size, &parts, &covered) : CUDA_SUCCESS;
   if (status == CUDA_SUCCESS && device_parts(parts) > most_parts) {
-    merge(device, &parts, &covered);
-    if (covered < size) status = add_new(device, size, &parts, &covered);
+    // What was released comes back as one new chunk, or, where the device
+    // refuses it (once it spills its last memory stays the driver's:
+    // device_reserve, which memory outside the pool may already hold), as
+    // any new memory, down to the host.
+    if (const std::size_t released = merge(&parts, &covered)) {
+      status = add_new(device, covered + released, &parts, &covered);
+    }
   }
   if (status == CUDA_SUCCESS && parts.size() > 1) books_.publish(device, GMEM_STAT_stitches, 1);
   if (status == CUDA_SUCCESS) status = ranges_.map(parts, device, out);

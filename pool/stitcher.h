@@ -78,9 +78,9 @@ class Stitcher {
   // New memory for what the free chunks did not cover, down to the host.
   CUresult add_new(int device, std::size_t size, std::vector<Piece*>* parts, std::size_t* covered);
   // Too many device chunks for one range: the smallest that nothing may use
-  // any more are made again as one chunk, where the device gives it (what
-  // `parts` cover is then less than before).
-  void merge(int device, std::vector<Piece*>* parts, std::size_t* covered);
+  // any more are released, to be made again as one chunk (add_new); returns
+  // their bytes, taken off what `parts` cover.
+  std::size_t merge(std::vector<Piece*>* parts, std::size_t* covered);
 
   Books& books_;
   StreamOrder& order_;
