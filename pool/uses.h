@@ -32,8 +32,8 @@
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // has dropped the plan: two steps with it (the first settles), kept only if
-// the second is at least 5% shorter than the shortest in the order requested,
-// or dropped as soon as a step with it has lasted twice that long (the LM's
+// the second is shorter than the shortest in the order requested, or dropped
+// as soon as a step with it has lasted twice that long (the LM's
 // took 31 s against 5.0, and the trial's steps cost it about 18 s in all). It
 // pays where a kernel runs over host memory far slower than the link (the
 // GCN's index_put_, reading its source in the order of a sorted index, ran at
@@ -183,8 +183,8 @@ class Uses {
   bool holds(int device, bool (Device::*state)() const) const;
   // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
   void stepped(Device& d, int64_t now_ns, const Work& work);
-  // Bringing in is kept if `step` (its trial's) is at least 5% shorter than
-  // the shortest step in the order requested, else dropped.
+  // Bringing in is kept if `step` (its trial's) is shorter than the
+  // shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;

@@ -328,10 +328,10 @@ TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
 
 // Bringing in (bring_in) is tried once the plan's trial has dropped the plan,
 // against the shortest step in the order requested, and stays only if its step
-// is at least 5% shorter; a step with it twice as long as that one drops it at
+// is shorter; a step with it twice as long as that one drops it at
 // once. Where the plan was kept, it is never tried.
 TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
-  for (const auto& [brought_ns, kept] : {std::pair<int64_t, bool>{95'000'000, true}, {96'000'000, false}}) {
+  for (const auto& [brought_ns, kept] : {std::pair<int64_t, bool>{99'000'000, true}, {100'000'000, false}}) {
     Job job(true, 64 * mib);
     job.uses().try_bring_in();
     for (int i = 0; i < ordered_steps; ++i) {
@@ -350,7 +350,7 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
     EXPECT_EQ(job.uses().brings_in(0), kept) << brought_ns << " ns";
     EXPECT_EQ(job.uses().bringing_in(), kept) << "launches stop looking once it is dropped";
     const std::string said = std::string("trial=dropped ordered_step_ms=100.0 planned_step_ms=96.0 bring_in=") +
-                             (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "95.0" : "96.0");
+                             (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "99.0" : "100.0");
     EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
   }
   // A step with it that lasts more than twice the shortest in the order
