@@ -12,7 +12,7 @@
 # a host pool of SIZE (100G by default; 0: no gmemd), as the jobs' host tier:
 # pinning 100G takes about a minute, paid once per machine. Exits non-zero if
 # any run failed. Example (a trace per run: %p is the job's pid):
-#   bash scripts/gpu-ab.sh gcn base,norecall --job gnn --sizes 5.4e6 --reference 3.6e6 \
+#   bash scripts/gpu-ab.sh gcn base,norecall --job gnn --sizes 5.4e6 --reference 3e6 \
 #     --steps 10 --conf host_budget:85%,trace:$OUT/gcn-%p.trace
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
