@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
   run->add_option("--shim", run_options.shim, "the shim to preload (default: found next to gmemctl)");
   run->add_option("--conf", run_options.conf, "GMEM_CONF for the job (default: the environment's)");
   run->add_option("--stats-dir", run_options.stats_dir, "where the job publishes stats (and gmemd reads them)");
+  run->add_option("--host-pool", run_options.host_pool,
+                  "if gmemctl starts gmemd, it also pins this much host memory (96G), in units of the job's "
+                  "host_chunk, and lends it to jobs that spill: pinning overlaps the job's start, and what is pinned "
+                  "by its first spill is not pinned in its step. gmemd keeps it pinned for later jobs until stopped")
+      ->transform(CLI::AsSizeValue(false));
   run->add_option("CMD", run_options.command, "the job and its arguments (put -- before it)")->required();
   run->positionals_at_end();
 

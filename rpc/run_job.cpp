@@ -48,6 +48,26 @@ std::vector<std::string> dedup_options(const std::string& conf) {
   return socket.empty() ? std::vector<std::string>{"--dedup"} : std::vector<std::string>{"--dedup-socket", socket};
 }
 
+// With --host-pool, the gmemd started pins for the job as its GMEM_CONF asks:
+// units of its host_chunk where that is a size (only units of that size are
+// lent to it), on its host_pool_socket.
+std::vector<std::string> host_pool_options(std::size_t bytes, const std::string& conf) {
+  if (!bytes) return {};
+  std::vector<std::string> options = {"--host-pool", std::to_string(bytes)};
+  if (const std::string unit = conf_value(conf, "host_chunk"); !unit.empty()) {
+    if (unit.back() == '%') {
+      fprintf(stderr, "gmemctl: host_chunk:%s is a share: gmemd pins in its default units, lent only to jobs whose "
+              "host chunks come to that size\n", unit.c_str());
+    } else {
+      options.insert(options.end(), {"--host-pool-unit", unit});
+    }
+  }
+  if (const std::string socket = conf_value(conf, "host_pool_socket"); !socket.empty()) {
+    options.insert(options.end(), {"--host-pool-socket", socket});
+  }
+  return options;
+}
+
 std::vector<char*> argv_of(std::vector<std::string>& arguments) {
   std::vector<char*> argv;
   for (auto& a : arguments) argv.push_back(a.data());
@@ -112,9 +132,23 @@ int run_job(const RunOptions& options) {
   } else if (stats_dir_in(conf).empty()) {
     conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
   }
+  if (options.host_pool && (conf_value(conf, "host_pool") == "0" || conf_value(conf, "host_pool") == "false")) {
+    fprintf(stderr, "gmemctl: --host-pool lends to jobs with host_pool:1; GMEM_CONF has host_pool:0\n");
+    return exit_usage;
+  }
   Client client(options.socket);
-  if (!client.answers(1) && !start_daemon(client, options.socket, stats_dir, dedup_options(conf))) {
-    return exit_no_daemon;
+  if (client.answers(1)) {
+    if (options.host_pool) {
+      fprintf(stderr,
+              "gmemctl: gmemd already answers on %s, so --host-pool is not used: the job borrows from that gmemd's "
+              "host pool if it was started with one (gmemd --host-pool SIZE)\n",
+              options.socket.c_str());
+    }
+  } else {
+    std::vector<std::string> extra = dedup_options(conf);
+    const std::vector<std::string> pool = host_pool_options(options.host_pool, conf);
+    extra.insert(extra.end(), pool.begin(), pool.end());
+    if (!start_daemon(client, options.socket, stats_dir, extra)) return exit_no_daemon;
   }
 
   std::string preload = shim;

@@ -2,6 +2,7 @@
 // it if none answers), or become gmemd.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,9 @@ namespace gmem::rpc {
 
 struct RunOptions {
   std::string socket, shim, conf, stats_dir;
+  // Host memory the gmemd that run starts pins and lends (gmemd --host-pool);
+  // 0: none.
+  std::size_t host_pool = 0;
   std::vector<std::string> command;
 };
 

@@ -70,10 +70,12 @@ class HostPool : public Gmemd {
   Finished spill(const std::string& host_chunk, const std::string& span = "40", bool trim = false) {
     std::vector<std::string> command{GMEM_SPILL, "40", "8", span};
     if (trim) command.push_back("trim");
-    return run_command(command,
-                       {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_DEVICE_MEMORY=96M",
-                        "GMEM_CONF=pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:0,host_budget:256M,"
-                        "host_prepare:0,stats:0,host_chunk:" + host_chunk + ",host_pool_socket:" + pool_socket_});
+    return run_command(command, {"LD_PRELOAD=" GMEM_SHIM_PATH, "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH,
+                                 "GMEM_EMU_DEVICE_MEMORY=96M", "GMEM_CONF=" + spill_conf(host_chunk)});
+  }
+  std::string spill_conf(const std::string& host_chunk) const {
+    return "pool:vmm,report:1,device_budget:48M,device_reserve:0,peer_budget:0,host_budget:256M,host_prepare:0,"
+           "stats:0,host_chunk:" + host_chunk + ",host_pool_socket:" + pool_socket_;
   }
 
   std::string pool_socket_, pool_log_;
@@ -177,6 +179,44 @@ TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
   EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
   EXPECT_EQ(run.err.find("host-pool borrowed"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("spilled_made=4 "), std::string::npos) << "four 8 MiB chunks of its own: " << run.err;
+}
+
+// gmemctl run --host-pool: the gmemd it starts pins units of the job's
+// host_chunk and lends them on its host_pool_socket, and the job runs while it
+// pins; a job run once they are pinned borrows them. Where gmemd already
+// answers, --host-pool goes unused, and says so.
+TEST_F(HostPool, RunStartsGmemdPinningInTheJobsUnits) {
+  const std::string socket = root_ + "/run.sock", log = socket + ".log";
+  auto run = [&](const std::string& conf, const std::string& host_pool) {
+    return run_command({gmemctl, "--socket", socket, "run", "--shim", GMEM_SHIM_PATH, "--stats-dir", stats_, "--conf",
+                        conf, "--host-pool", host_pool, "--", GMEM_SPILL, "40", "8", "40"},
+                       {"GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_DEVICE_MEMORY=96M"});
+  };
+  Finished bad = run(spill_conf("16M") + ",host_pool:0", "32M");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("GMEM_CONF has host_pool:0"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(socket)) << "no gmemd started for a job that cannot borrow";
+
+  Finished first = run(spill_conf("16M"), "32M");
+  EXPECT_EQ(first.status, 0) << first.out << first.err;
+  EXPECT_NE(first.err.find("started gmemd on " + socket), std::string::npos) << first.err;
+  EXPECT_NE(first.out.find("spill ok"), std::string::npos) << first.out;
+  ASSERT_TRUE(eventually([&] { return slurp(log).find(" pinned in ") != std::string::npos; })) << slurp(log);
+  EXPECT_NE(slurp(log).find("host pool: pinning 0.0 GiB in units of 16 MiB"), std::string::npos) << slurp(log);
+  EXPECT_NE(slurp(log).find("lending on " + pool_socket_), std::string::npos) << slurp(log);
+
+  Finished second = run(spill_conf("16M"), "32M");
+  EXPECT_EQ(second.status, 0) << second.out << second.err;
+  EXPECT_NE(second.err.find("--host-pool is not used"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
+      << second.err;
+
+  grpc::ClientContext context;
+  v1::HealthResponse health;
+  auto stub = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(stub->Health(&context, {}, &health).ok());
+  kill(health.pid(), SIGTERM);
+  EXPECT_TRUE(eventually([&] { return !fs::exists(socket) && !fs::exists(pool_socket_); }));
 }
 
 TEST_F(HostPool, WithoutADriverOrWithABadUnitGmemdSaysWhyAndStops) {
