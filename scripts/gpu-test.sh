@@ -529,9 +529,10 @@ if named spill-train-lm; then
   step spill-train-lm 580 "${spill_train[@]}" --job lm --sizes 176 232 264 352 400 --reference 176
 fi
 # The GCN at about 2.0x one GPU with the peer GPU as the first tier (and the
-# host for the rest), against about 0.36 of that size in memory: 13M nodes
-# against 4.7M on two H200s (1.27-1.35x its in-memory step scaled, 2026-11-26),
-# scaled to the first GPU's memory elsewhere.
+# host for the rest), against about 0.23 of that size in memory: 13M nodes
+# against 3.0M on two H200s (2.19-2.20x its in-memory step scaled, 2026-11-27),
+# scaled to the first GPU's memory elsewhere. No gmemd here: its first step
+# pins the 7 GB the host holds (2.27x a steady step; 1.35x with gmemd's pool).
 if named spill-train-peer; then
   if [ "$gpus" -ge 2 ]; then
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
