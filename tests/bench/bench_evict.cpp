@@ -6,7 +6,9 @@
 // once; (2) what cuMemMap, cuMemSetAccess and cuMemUnmap of one chunk cost
 // idle, while copies stream both ways on two other streams, and while a kernel
 // on every SM streams reads of pinned host memory (bench-vmm-busy measured
-// 85 ms to give access to a 256 MiB host chunk then, 3.5 ms idle), and whether
+// 85 ms to give access to a 256 MiB host chunk then, 3.5 ms idle), or of
+// device memory (alone, and beside the copies: what an evictor would meet
+// while a spilled job's kernels run on the device), and whether
 // one cuMemSetAccess (or cuMemUnmap) over 8 host chunks mapped back to back
 // costs less than 8 calls; host chunks at CU_MEM_LOCATION_TYPE_HOST_NUMA (as
 // the pool makes them) and, where the driver makes them, _HOST; (3) whether
@@ -17,13 +19,14 @@
 // busy is topped up between repetitions, never during one.
 //   bench-evict [SHIM REAL]   (the suite's two arguments; unused: it runs on the driver it is linked to)
 // Prints BENCH evict_copy_{dtoh,htod,both_dtoh,both_htod,both_total} (GB/s);
-// evict_{map,set_access,unmap}_<chunk>_us_{idle,copying,streaming}, <chunk>
+// evict_{map,set_access,unmap}_<chunk>_us_{idle,copying,streaming,computing,
+// copying_computing} (computing: kernels on every SM reading device memory), <chunk>
 // one of device_1GiB, host_numa_256MiB, host_plain_256MiB (the last where
 // _HOST chunks are made); for the host chunks, the same with the chunk
 // mapped and given access at another address all along,
-// evict_{map,set_access,unmap}_<host>_256MiB_mapped_elsewhere_us_{idle,copying}; evict_{map,set_access,unmap}_<host>_8x256MiB_us_<c>
+// evict_{map,set_access,unmap}_<host>_256MiB_mapped_elsewhere_us_<c>; evict_{map,set_access,unmap}_<host>_8x256MiB_us_<c>
 // (8 calls, summed) and evict_{set_access,unmap}_<host>_8x256MiB_once_us_<c>
-// (one call over 2 GiB), <c> idle or copying;
+// (one call over 2 GiB), <c> idle, copying or copying_computing;
 // evict_remap_<host>_256MiB_<T>_threads_gbps_<c> (T threads at once each
 // mapping, giving access to and unmapping a chunk of its own: host bytes
 // given access per second over all, T = 1, 2, 4, 8); evict_launch_{p50,p99,max}_us_
@@ -574,8 +577,26 @@ int main() {
         return cuLaunchKernel(stream_read, unsigned(sms) * 8, 1, 1, 256, 1, 1, 0, work, params, nullptr);
       },
       double(read_ns) / 1e6);
+  // What an evictor meets during a spilled step whose kernels run on device
+  // memory: 250 ms kernels on every SM reading the device range (computing),
+  // and the same beside copies both ways (copying_computing; its kernels last
+  // an item of the copies).
+  auto read_device = [&](unsigned long long ns) {
+    CUdeviceptr base = device_range.va;
+    unsigned long long words = device_range.bytes() / 8;
+    void* params[] = {&base, &words, &ns};
+    return cuLaunchKernel(stream_read, unsigned(sms) * 8, 1, 1, 256, 1, 1, 0, work, params, nullptr);
+  };
+  Backlog computing({work}, [&](std::size_t) { return read_device(read_ns); }, double(read_ns) / 1e6);
+  Backlog copying_computing(
+      {dtoh, htod, work},
+      [&](std::size_t lane) {
+        return lane < 2 ? copies[lane].enqueue() : read_device((unsigned long long)(copy_ms * 1e6));
+      },
+      copy_ms);
   const Condition idle{"idle", nullptr}, copying_condition{"copying", &copying},
-      streaming_condition{"streaming", &streaming};
+      streaming_condition{"streaming", &streaming}, computing_condition{"computing", &computing},
+      copying_computing_condition{"copying_computing", &copying_computing};
 
   const Kind kinds[] = {{"device", "1GiB", on_device, GiB, 1, false},
                         {"host_numa", "256MiB", on_numa, 256 * MiB, 8, false},
@@ -594,11 +615,12 @@ int main() {
       good = false;
       break;
     }
-    for (const Condition& condition : {idle, copying_condition, streaming_condition}) {
+    for (const Condition& condition :
+         {idle, copying_condition, streaming_condition, computing_condition, copying_computing_condition}) {
       good = good && time_one_chunk(k, c, device, condition);
     }
     if (k.count > 1) {
-      for (const Condition& condition : {idle, copying_condition}) {
+      for (const Condition& condition : {idle, copying_condition, copying_computing_condition}) {
         good = good && time_one_chunk(k, c, device, condition, true);
         good = good && time_back_to_back(k, c, device, condition);
         for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
@@ -616,7 +638,7 @@ int main() {
     good &= free_chunks(&c, false);
   }
 
-  good &= copying.drain() && streaming.drain();
+  good &= copying.drain() && streaming.drain() && computing.drain() && copying_computing.drain();
   good &= free_chunks(&host_range, true);
   good &= free_chunks(&device_range, true);
   for (CUstream stream : {work, dtoh, htod}) good &= ok(cuStreamDestroy(stream), "cuStreamDestroy");
