@@ -287,10 +287,8 @@ TEST_F(Dedup, GmemctlRunStartsADaemonThatBrokers) {
   EXPECT_EQ(word, "ready") << job.out << job.err;
   EXPECT_EQ(j.mark, GMEM_DEDUP_OK) << job.err;
   EXPECT_EQ(j.state, GMEM_DEDUP_MARKED);
-  grpc::ClientContext context;
   v1::HealthResponse health;
-  auto s = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
-  ASSERT_TRUE(s->Health(&context, {}, &health).ok());
+  ASSERT_TRUE(health_of(socket, &health));
   kill(health.pid(), SIGTERM);
   EXPECT_TRUE(eventually([&] { return !fs::exists(dedup) && !fs::exists(socket); }));
 }

@@ -49,6 +49,14 @@ bool eventually(Condition done, std::chrono::milliseconds limit = 10s) {
   return done();
 }
 
+// The Health answer of the gmemd on `socket` (as one gmemctl run started,
+// for the test to stop it); false where none answers.
+inline bool health_of(const std::string& socket, v1::HealthResponse* health) {
+  grpc::ClientContext context;
+  auto stub = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  return stub->Health(&context, {}, health).ok();
+}
+
 class Gmemd : public testing::Test {
  protected:
   void SetUp() override {

@@ -404,10 +404,8 @@ TEST_F(Gmemd, RunStartsADaemonWhenNoneAnswersAndReturnsTheJobsStatus) {
   EXPECT_EQ(job.out, std::string(GMEM_SHIM_PATH) + "|stats_dir:" + stats + "\n");
   EXPECT_NE(job.err.find("started gmemd on " + socket), std::string::npos) << job.err;
   // The daemon it started stays for gmemctl top and friends; this one is ours to stop.
-  grpc::ClientContext context;
   v1::HealthResponse health;
-  auto s = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
-  ASSERT_TRUE(s->Health(&context, {}, &health).ok());
+  ASSERT_TRUE(health_of(socket, &health));
   EXPECT_EQ(health.stats_dir(), stats);
   // A second run finds it answering and starts no other.
   auto again = run_command({gmemctl, "--socket", socket, "run", "--shim", GMEM_SHIM_PATH, "--", "true"});

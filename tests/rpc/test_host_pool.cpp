@@ -211,10 +211,8 @@ TEST_F(HostPool, RunStartsGmemdPinningInTheJobsUnits) {
   EXPECT_NE(second.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
       << second.err;
 
-  grpc::ClientContext context;
   v1::HealthResponse health;
-  auto stub = v1::Gmem::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
-  ASSERT_TRUE(stub->Health(&context, {}, &health).ok());
+  ASSERT_TRUE(health_of(socket, &health));
   kill(health.pid(), SIGTERM);
   EXPECT_TRUE(eventually([&] { return !fs::exists(socket) && !fs::exists(pool_socket_); }));
 }
