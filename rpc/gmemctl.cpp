@@ -21,6 +21,7 @@ namespace {
 const char* footer =
     "Examples:\n"
     "  gmemctl run -- python3 train.py       run a job under gmem (starts gmemd if none answers)\n"
+    "  gmemctl run --host-pool 96G -- python3 train.py   the gmemd it starts pins 96 GiB for spills\n"
     "  gmemctl top                           live view of every job under gmem\n"
     "  gmemctl ps --json                     the processes, as JSON\n"
     "  gmemctl stats 4242                    one process's figures per device\n"
