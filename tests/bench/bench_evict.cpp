@@ -563,35 +563,27 @@ int main() {
   bench("copy_both_total", rates.both_total, "GB/s");
 
   // The loads: copies both ways (an item lasts what the slower direction took
-  // with both running), and 250 ms kernels on every SM reading the host range.
+  // with both running); 250 ms kernels on every SM reading the host range
+  // (streaming) or the device range (computing: what an evictor meets during
+  // a spilled step whose kernels run on device memory); and those device
+  // reads beside the copies (copying_computing; its kernels last an item of
+  // the copies).
   const double slower_gbps = std::min(rates.both_dtoh, rates.both_htod);
   const double copy_ms = slower_gbps > 0 ? double(half) / (slower_gbps * 1e9) * 1e3 : 50;
   Backlog copying({dtoh, htod}, [&](std::size_t lane) { return copies[lane].enqueue(); }, copy_ms);
-  const unsigned long long read_ns = 250'000'000;
-  Backlog streaming(
-      {work},
-      [&](std::size_t) {
-        CUdeviceptr base = host_range.va;
-        unsigned long long words = host_range.bytes() / 8, ns = read_ns;
-        void* params[] = {&base, &words, &ns};
-        return cuLaunchKernel(stream_read, unsigned(sms) * 8, 1, 1, 256, 1, 1, 0, work, params, nullptr);
-      },
-      double(read_ns) / 1e6);
-  // What an evictor meets during a spilled step whose kernels run on device
-  // memory: 250 ms kernels on every SM reading the device range (computing),
-  // and the same beside copies both ways (copying_computing; its kernels last
-  // an item of the copies).
-  auto read_device = [&](unsigned long long ns) {
-    CUdeviceptr base = device_range.va;
-    unsigned long long words = device_range.bytes() / 8;
+  auto read = [&](const Chunks& range, unsigned long long ns) {
+    CUdeviceptr base = range.va;
+    unsigned long long words = range.bytes() / 8;
     void* params[] = {&base, &words, &ns};
     return cuLaunchKernel(stream_read, unsigned(sms) * 8, 1, 1, 256, 1, 1, 0, work, params, nullptr);
   };
-  Backlog computing({work}, [&](std::size_t) { return read_device(read_ns); }, double(read_ns) / 1e6);
+  const unsigned long long read_ns = 250'000'000;
+  Backlog streaming({work}, [&](std::size_t) { return read(host_range, read_ns); }, double(read_ns) / 1e6);
+  Backlog computing({work}, [&](std::size_t) { return read(device_range, read_ns); }, double(read_ns) / 1e6);
   Backlog copying_computing(
       {dtoh, htod, work},
       [&](std::size_t lane) {
-        return lane < 2 ? copies[lane].enqueue() : read_device((unsigned long long)(copy_ms * 1e6));
+        return lane < 2 ? copies[lane].enqueue() : read(device_range, (unsigned long long)(copy_ms * 1e6));
       },
       copy_ms);
   const Condition idle{"idle", nullptr}, copying_condition{"copying", &copying},
