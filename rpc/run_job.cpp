@@ -132,7 +132,7 @@ int run_job(const RunOptions& options) {
   } else if (stats_dir_in(conf).empty()) {
     conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
   }
-  if (options.host_pool && (conf_value(conf, "host_pool") == "0" || conf_value(conf, "host_pool") == "false")) {
+  if (const std::string lends = conf_value(conf, "host_pool"); options.host_pool && (lends == "0" || lends == "false")) {
     fprintf(stderr, "gmemctl: --host-pool lends to jobs with host_pool:1; GMEM_CONF has host_pool:0\n");
     return exit_usage;
   }
