@@ -14,9 +14,12 @@
 // gate closed and waits, or the mover sees the call in flight. gmem_gate_closed
 // is 1 while closed to every call, 2 while ranges move under live allocations
 // (closed to all but kernel launches, which wait only for the ranges they
-// reference: interpose/hooks_launch.cpp).
+// reference: interpose/hooks_launch.cpp). gmem_gate_entries counts the
+// entries of gated calls other than kernel launches, before each adds itself
+// in flight (Submissions::entries).
 extern "C" {
 std::atomic<long> gmem_gate_in_flight{0};
+std::atomic<unsigned long> gmem_gate_entries{0};
 std::atomic<unsigned char> gmem_gate_closed{0};
 unsigned char gmem_gate_on = 0;
 void gmem_gate_wait();
@@ -26,6 +29,7 @@ void gmem_gate_wait();
 // would find no order between a call's work and the mover's once the mover saw
 // it leave. Under it the trampolines call these instead.
 extern "C" unsigned char gmem_gate_tsan_enter() {
+  gmem_gate_entries.fetch_add(1);
   gmem_gate_in_flight.fetch_add(1);
   const unsigned char closed = gmem_gate_closed.load();
   if (closed) gmem_gate_in_flight.fetch_sub(1);
@@ -34,6 +38,8 @@ extern "C" unsigned char gmem_gate_tsan_enter() {
 extern "C" void gmem_gate_tsan_leave() { gmem_gate_in_flight.fetch_sub(1); }
 #endif
 static_assert(std::atomic<long>::is_always_lock_free && sizeof(std::atomic<long>) == sizeof(long));
+static_assert(std::atomic<unsigned long>::is_always_lock_free &&
+              sizeof(std::atomic<unsigned long>) == sizeof(unsigned long));
 static_assert(std::atomic<unsigned char>::is_always_lock_free && sizeof(std::atomic<unsigned char>) == 1);
 
 namespace gmem::gate {
@@ -133,10 +139,13 @@ bool Submissions::begin_moves(const std::function<void()>& mark) {
 
 void Submissions::end_moves() { resume(); }
 
+uint64_t Submissions::entries() const { return gmem_gate_entries.load(); }
+
 Pass::Pass(bool launch) {
   if (!gmem_gate_on) return;
   counted_ = true;
   while (true) {
+    if (!launch) gmem_gate_entries.fetch_add(1);
     gmem_gate_in_flight.fetch_add(1);
     const unsigned char closed = gmem_gate_closed.load();
     if (!closed || (launch && closed == 2)) return;

@@ -35,6 +35,7 @@ class Submissions final : public pool::Submissions {
   void resume() override;
   bool begin_moves(const std::function<void()>& mark) override;
   void end_moves() override;
+  uint64_t entries() const override;
 };
 
 // For a C++ hook of a submitting call: the hook runs as a gated call.

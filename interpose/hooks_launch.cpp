@@ -181,12 +181,17 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
 }
 
 // The first moving range (pool/evictor.h) a launch references; null if none.
+// The watched ranges it references before that are touched (their moves cancelled).
 const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& table, CUfunction f, void** params,
                                                  void** extra) {
   const gmem::pool::AccessRecord* found = nullptr;
   visit_words(f, params, extra, [&](uint64_t word) {
-    const gmem::pool::AccessRecord* r = found ? nullptr : table.find(word);
-    if (r && r->moving()) found = r;
+    gmem::pool::AccessRecord* r = found ? nullptr : table.find(word);
+    if (r && r->moving()) {
+      found = r;
+    } else if (r && r->watched()) {
+      r->touch();
+    }
   });
   return found;
 }
@@ -220,7 +225,7 @@ CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
     const gmem::pool::AccessRecord* wait_for = nullptr;
     {
       gmem::gate::Pass pass(launch);
-      if (launch && table && table->any_moving()) wait_for = moving(*table);
+      if (launch && table && table->any_marked()) wait_for = moving(*table);
       if (!wait_for) {
         status = call();
         break;

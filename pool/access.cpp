@@ -136,8 +136,15 @@ void AccessTable::remove(CUdeviceptr base, std::size_t size) {
 void AccessTable::set_moving(AccessRecord& record, bool moving) {
   std::lock_guard lock(moved_mutex_);
   if (record.moving_.exchange(moving) == moving) return;
-  moving_.fetch_add(moving ? 1 : -1);
+  marked_.fetch_add(moving ? 1 : -1);
   if (!moving) moved_.notify_all();
+}
+
+void AccessTable::set_watched(AccessRecord& record, bool watched) {
+  std::lock_guard lock(moved_mutex_);
+  if (watched) record.touched_.store(false);
+  if (record.watched_.exchange(watched) == watched) return;
+  marked_.fetch_add(watched ? 1 : -1);
 }
 
 void AccessTable::wait_unmoved(const AccessRecord& record) {

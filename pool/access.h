@@ -91,6 +91,11 @@ class AccessRecord {
   // Its memory is moving under the live allocation (pool/evictor.h): a
   // launch that references it waits (AccessTable::wait_unmoved).
   bool moving() const { return moving_.load(std::memory_order_acquire); }
+  // Its move is being prepared (pool/evictor.h): a launch that references it
+  // goes on, and touches it, which cancels the move.
+  bool watched() const { return watched_.load(std::memory_order_acquire); }
+  void touch() { touched_.store(true, std::memory_order_release); }
+  bool touched() const { return touched_.load(std::memory_order_acquire); }
 
  private:
   friend class AccessTable;
@@ -100,7 +105,7 @@ class AccessRecord {
   std::atomic<std::size_t> size_{0};
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
-  std::atomic<bool> moving_{false};
+  std::atomic<bool> moving_{false}, watched_{false}, touched_{false};
   AccessTable* table_ = nullptr;
   uint32_t id_ = 0;  // dense: the index of its counts in each thread's
   Figures taken_;    // the sums when last taken (under the table's mutex)
@@ -145,11 +150,14 @@ class AccessTable {
   bool counting() const { return counting_.load(std::memory_order_relaxed); }
   void start_counting() { counting_.store(true, std::memory_order_relaxed); }
 
-  // Moving ranges (pool/evictor.h): while any is marked, the launch hooks
-  // look at each launch's references before it is submitted, and a launch
-  // that references a moving range waits until it is unmarked.
-  bool any_moving() const { return moving_.load(std::memory_order_acquire) != 0; }
+  // Moving and watched ranges (pool/evictor.h): while any is marked, the
+  // launch hooks look at each launch's references before it is submitted; a
+  // launch that references a moving range waits until it is unmarked, one
+  // that references a watched range touches it.
+  bool any_marked() const { return marked_.load(std::memory_order_acquire) != 0; }
   void set_moving(AccessRecord& record, bool moving);
+  // Watched from now (untouched), or no longer.
+  void set_watched(AccessRecord& record, bool watched);
   void wait_unmoved(const AccessRecord& record);
 
   // Records ever made (ids run from 0 to this, less one).
@@ -205,7 +213,7 @@ class AccessTable {
   std::vector<AccessRecord*> free_;
   std::atomic<uint32_t> made_{0};
   std::atomic<bool> counting_;
-  std::atomic<int> moving_{0};  // records marked moving
+  std::atomic<int> marked_{0};  // marks of records: moving, watched
   std::mutex moved_mutex_;
   std::condition_variable moved_;
 };

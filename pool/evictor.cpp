@@ -154,28 +154,61 @@ std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bo
     records.push_back(record);
   }
   if (moves.empty()) return {};
+  Submissions& gate = *settings_.submissions;
+  auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
   const int64_t start = now_ns();
   const bool current = driver_.cuCtxPushCurrent_v2(moves.front().context) == CUDA_SUCCESS;
-  const bool begun = current && settings_.submissions->begin_moves([&] {
-    for (AccessRecord* r : records) table_.set_moving(*r, true);
+  // Marked from a point no submitting call straddles: from then on a launch
+  // that references a range touches it (to the host) or waits for it (to the
+  // device), and any other call changes `entries`.
+  uint64_t entries = 0;
+  const bool watching = current && gate.begin_moves([&] {
+    for (AccessRecord* r : records) to_host ? table_.set_watched(*r, true) : table_.set_moving(*r, true);
+    entries = gate.entries();
   });
-  // No work submitted before may touch the ranges any more (not while a
-  // capture runs: a sync would break it); launches that reference them wait.
-  const bool synced = begun && !(settings_.capturing && settings_.capturing()) &&
-                      driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+  if (watching) gate.end_moves();
+  // Work submitted before that point completes; the program's goes on
+  // meanwhile (not while a capture runs: a sync would break it).
+  const bool synced = watching && !capturing() && driver_.cuCtxSynchronize() == CUDA_SUCCESS;
   const int64_t synced_at = now_ns();
   const CUstream stream = synced ? stream_of(moves.front().context) : nullptr;
   std::vector<CUdeviceptr> out;
   std::vector<Block> blocks;
-  for (VmmPool::Move& m : moves) {
-    const bool done = stream && vmm_.carry_out(m, stream) == CUDA_SUCCESS;
+  uint64_t cancelled = 0, resynced = 0;
+  for (std::size_t i = 0; i < moves.size(); ++i) {
+    VmmPool::Move& m = moves[i];
+    AccessRecord& record = *records[i];
+    bool closed = false;
+    // Once the gate is closed to all but launches, and a launch that
+    // references the range waits: a range touched since it was watched stays
+    // where it is; where another call was submitted since, the device is
+    // synchronized (it may have written the range) before the remap.
+    auto before_remap = [&] {
+      closed = gate.begin_moves([&] { table_.set_moving(record, true); });
+      if (!closed || record.touched() || capturing()) return VmmPool::Check::cancel;
+      if (gate.entries() == entries) return VmmPool::Check::go;
+      ++resynced;
+      if (driver_.cuCtxSynchronize() != CUDA_SUCCESS) return VmmPool::Check::cancel;
+      entries = gate.entries();
+      return VmmPool::Check::copy_again;
+    };
+    const CUresult status = stream ? vmm_.carry_out(m, stream, before_remap) : CUDA_ERROR_NOT_READY;
+    table_.set_moving(record, false);
+    table_.set_watched(record, false);
+    if (closed) gate.end_moves();
+    const bool done = status == CUDA_SUCCESS;
+    cancelled += stream && status == CUDA_ERROR_NOT_READY;
     vmm_.finish_move(m, done);
     if (!done) continue;
     out.push_back(m.base);
     if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
   }
-  for (AccessRecord* r : records) table_.set_moving(*r, false);
-  if (begun) settings_.submissions->end_moves();
+  if (!stream) {
+    for (AccessRecord* r : records) {
+      table_.set_watched(*r, false);
+      table_.set_moving(*r, false);
+    }
+  }
   if (current) {
     CUcontext popped = nullptr;
     driver_.cuCtxPopCurrent_v2(&popped);
@@ -188,6 +221,8 @@ std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bo
     ++work_.abandoned;
   }
   (to_host ? work_.evictions : work_.prefetches) += out.size();
+  work_.cancelled += cancelled;
+  work_.resynced += resynced;
   work_.sync_ns += uint64_t(synced_at - start);
   work_.move_ns += uint64_t(now_ns() - synced_at);
   return out;

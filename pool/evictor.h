@@ -7,13 +7,28 @@
 // first, once room opens again (a step's backward pass frees what its forward
 // pass made, in reverse).
 //
-// A move of a batch of ranges: the gate closes to every submitting call
-// (interpose/gate.h) until none is in flight; the ranges are marked moving
-// (pool/access.h), so a launch that references one waits for it; the gate
-// reopens to launches only; the contexts are synchronized (no work submitted
-// before may touch the ranges); each range's chunks are copied and remapped
-// at the same addresses (VmmPool::carry_out); the marks go and the gate
-// opens. Launches of kernels that do not touch the ranges go on meanwhile.
+// A move of a batch of ranges never holds the program while the device
+// drains:
+//  1. The ranges are marked (pool/access.h) from a point no submitting call
+//     straddles (the gate, interpose/gate.h, closes until none is in flight
+//     and opens again at once). From then on, a launch that references a
+//     range going to the host touches it (its move is cancelled: the range is
+//     in use), one that references a range coming to the device waits for it
+//     (it would read it over PCIe meanwhile), and any other submitting call
+//     (a copy, a set) is counted (Submissions::entries).
+//  2. The mover's thread synchronizes the context: the work submitted before
+//     that point completes, while the program goes on submitting.
+//  3. For each range: to the device, its content is copied into new device
+//     chunks on the evictor's stream. Then the gate closes to every call but
+//     launches, and the range is marked moving. A range touched since step 1
+//     stays where it is (its new chunks are freed). Where some other call was
+//     submitted since step 1, the context is synchronized again (that call
+//     may write the range; it runs on the device's queue while the gate is
+//     held) and, to the device, the content copied again. The range is
+//     remapped at the same addresses; to the host, its device chunks' content
+//     is then copied in (VmmPool::carry_out). The mark goes and the gate opens.
+// So the program waits only while a range is remapped (and, to the host,
+// copied), and only in calls other than launches or in launches of that range.
 //
 // What the gate cannot see: pointers kept in device memory (pointer arrays a
 // kernel reads), and graph nodes added by hand, which a graph launch could use
@@ -75,7 +90,9 @@ class Evictor {
     uint64_t rounds = 0;     // batches moved
     uint64_t abandoned = 0;  // batches given up (calls stayed in flight, or a move failed)
     uint64_t evictions = 0, prefetches = 0;  // ranges moved
-    uint64_t sync_ns = 0;    // waiting for the device before moving
+    uint64_t cancelled = 0;  // moves a launch touched before their remap
+    uint64_t resynced = 0;   // moves that synchronized again with the gate held
+    uint64_t sync_ns = 0;    // waiting for the device before moving (the program going on)
     uint64_t move_ns = 0;    // copying and remapping
     uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
   };

@@ -45,6 +45,10 @@ class Submissions {
   // False if calls stayed in flight too long, or the gate is not open.
   virtual bool begin_moves(const std::function<void()>& mark) = 0;
   virtual void end_moves() = 0;
+  // Submitting calls other than kernel launches begun so far (each counted
+  // again when it waited for the gate): where it has not changed since the
+  // gate was last closed, no such call was submitted meanwhile.
+  virtual uint64_t entries() const = 0;
 
  protected:
   ~Submissions() = default;

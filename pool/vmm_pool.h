@@ -10,6 +10,7 @@
 #include <cuda.h>
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -199,12 +200,18 @@ class VmmPool {
   // new ones within the tiers' and the device's budgets), and marks the range
   // moving (its free, export and dedup wait). False if nothing can move.
   bool plan_move(CUdeviceptr base, bool to_host, Move* out);
-  // With no lock held, and only while no submitted work and no submitting
-  // call may touch the range (pool/evictor.h): copies and remaps, the device
-  // side through an address of its own. To the host, the range is remapped
-  // first and its content copied in; to the device, copied first, then
-  // remapped. `stream` is the mover's own, of the range's context (current).
-  CUresult carry_out(Move& move, CUstream stream);
+  // With no lock held, while no submitted work may touch the range
+  // (pool/evictor.h): copies and remaps, the device side through an address
+  // of its own. To the host, the range is remapped first and its content
+  // copied in; to the device, copied first, then remapped. `before_remap`
+  // (where not empty) is asked just before the range is remapped: after it,
+  // no submitting call may touch the range until carry_out returns. It may
+  // cancel the move (CUDA_ERROR_NOT_READY, nothing changed), or, to the
+  // device, have the content copied again (something may have written it
+  // during the first copy). `stream` is the mover's own, of the range's
+  // context (current).
+  enum class Check { go, copy_again, cancel };
+  CUresult carry_out(Move& move, CUstream stream, const std::function<Check()>& before_remap);
   // Under the lock: with `done`, the range holds the new chunks and the old
   // ones are free; else the new ones are. The range is no longer moving.
   void finish_move(Move& move, bool done);

@@ -108,7 +108,7 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
   return true;
 }
 
-CUresult VmmPool::carry_out(Move& move, CUstream stream) {
+CUresult VmmPool::carry_out(Move& move, CUstream stream, const std::function<Check()>& before_remap) {
   Range& range = *move.range;
   const int device = move.device;
   // The device side of each part (what it leaves, or what it goes to),
@@ -176,17 +176,21 @@ CUresult VmmPool::carry_out(Move& move, CUstream stream) {
     if (CUresult synced = driver_.cuStreamSynchronize(stream); result == CUDA_SUCCESS) result = synced;
     return result;
   };
+  auto check = [&] { return before_remap ? before_remap() : Check::go; };
   {
     Timer timer(move.driver_ns);
+    Check checked = Check::go;
     if (status == CUDA_SUCCESS && move.to_host) {
-      status = remap();
-      if (status == CUDA_SUCCESS && (status = copy()) != CUDA_SUCCESS) {
+      checked = check();
+      if (checked != Check::cancel && (status = remap()) == CUDA_SUCCESS && (status = copy()) != CUDA_SUCCESS) {
         for (const Move::Part& part : move.parts) swap(part, false);
       }
-    } else if (status == CUDA_SUCCESS) {
-      status = copy();
-      if (status == CUDA_SUCCESS) status = remap();
+    } else if (status == CUDA_SUCCESS && (status = copy()) == CUDA_SUCCESS) {
+      checked = check();
+      if (checked == Check::copy_again) status = copy();
+      if (checked != Check::cancel && status == CUDA_SUCCESS) status = remap();
     }
+    if (checked == Check::cancel && status == CUDA_SUCCESS) status = CUDA_ERROR_NOT_READY;
     if (mapped) staging.unmap(0, mapped);
   }
   return status;
@@ -233,7 +237,7 @@ void VmmPool::finish_move(Move& move, bool done) {
 std::size_t VmmPool::move_in(CUdeviceptr base) {
   Move move;
   if (!plan_move(base, false, &move)) return 0;
-  const bool done = carry_out(move, nullptr) == CUDA_SUCCESS;
+  const bool done = carry_out(move, nullptr, {}) == CUDA_SUCCESS;
   finish_move(move, done);
   return done ? move.bytes : 0;
 }

@@ -183,6 +183,7 @@ gmem_gate_enter:
     testl %r10d, %r10d
     jne gmem_gate_wait_now
 #else
+    lock incq gmem_gate_entries(%rip)
     lock incq gmem_gate_in_flight(%rip)
     cmpb $0, gmem_gate_closed(%rip)
     jne gmem_gate_closed_now

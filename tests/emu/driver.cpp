@@ -107,6 +107,7 @@ EMU_API CUresult cuInit(unsigned int flags) {
   s.numa_nodes = nodes.empty() ? 1 : std::atoi(nodes.c_str());
   s.host_total = parse_size("GMEM_EMU_HOST_MEMORY", env("GMEM_EMU_HOST_MEMORY"), SIZE_MAX);
   s.pin_ms = std::atoi(env("GMEM_EMU_PIN_MS").c_str());
+  s.sync_ms = std::atoi(env("GMEM_EMU_SYNC_MS").c_str());
   s.device_chunk_max = parse_size("GMEM_EMU_DEVICE_CHUNK_MAX", env("GMEM_EMU_DEVICE_CHUNK_MAX"), SIZE_MAX);
   s.devices.resize(static_cast<std::size_t>(devices));
   for (std::size_t i = 0; i < s.devices.size(); ++i) {

@@ -13,6 +13,7 @@
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
 //   Evict.*     peer_budget:0,host_budget:512M,host_prepare:0,migrate_after_ms:50,evict:1
 //               with GMEM_EMU_DEVICE_MEMORY=256M,32M
+//   EvictSlowSync.* as Evict, with GMEM_EMU_SYNC_MS=300
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -920,13 +921,18 @@ TEST_F(Evict, ARequestWaitsForRoomRatherThanSpill) {
 
 // An allocation kernels keep referencing stays on the device: the next
 // oldest, idle, goes instead.
+// A kernel of one pointer parameter, loaded into `module`.
+void load_use_kernel(CUmodule* module, CUfunction* kernel) {
+  ASSERT_EQ(cuModuleLoadData(module, ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                     ".visible .entry use(.param .u64 p) { ret; }\n"),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(kernel, *module, "use"), CUDA_SUCCESS);
+}
+
 TEST_F(Evict, AnAllocationInUseStays) {
   CUmodule module = nullptr;
   CUfunction kernel = nullptr;
-  ASSERT_EQ(cuModuleLoadData(&module, ".version 8.0\n.target sm_90\n.address_size 64\n"
-                                      ".visible .entry use(.param .u64 p) { ret; }\n"),
-            CUDA_SUCCESS);
-  ASSERT_EQ(cuModuleGetFunction(&kernel, module, "use"), CUDA_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
   std::atomic<bool> done{false};
@@ -983,6 +989,52 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
   EXPECT_TRUE(evicted);
   EXPECT_TRUE(back);
   EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
+}
+
+// meson's evict-slow-sync run: as evict's, with cuCtxSynchronize taking 300 ms
+// (GMEM_EMU_SYNC_MS), as on a device with a deep queue of work: each move
+// waits that long for the work submitted before it while the program goes on.
+using EvictSlowSync = Tiers;
+
+// A launch that references a range after the evictor chose it, and before
+// its remap, cancels the move: the range is in use. Launched no more, it goes.
+TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
+  CUmodule module = nullptr;
+  CUfunction kernel = nullptr;
+  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 5);
+  std::atomic<bool> done{false}, launched{false};
+  std::atomic<int> failed{0};
+  std::thread user([&] {
+    if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++failed);
+    while (!done) {
+      void* params[] = {&a};
+      failed += cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS;
+      launched = true;
+      usleep(50 * 1000);  // idle for many looks: the evictor chooses it, the oldest
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return launched.load(); }));
+  CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
+  uint64_t most = 0;
+  for (int i = 0; i < 150; ++i) {
+    most = std::max(most, spilled_bytes(OwnStats(), a));
+    usleep(10 * 1000);
+  }
+  done = true;
+  user.join();
+  EXPECT_EQ(most, 0u) << "moved to the host while launched every 50 ms";
+  EXPECT_EQ(failed.load(), 0);
+  // A request short of room has the evictor look again.
+  CUdeviceptr d = alloc(96 * mib);
+  EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "never chosen";
+  check(a, 96 * mib, 5);
+  free(d);
+  free(c);
+  free(b);
+  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
 }
 
 }  // namespace
