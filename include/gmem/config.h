@@ -86,7 +86,9 @@
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \
     "first) to keep room on the device for new requests, and come back, the last "   \
-    "moved first, once room opens; a launch waits only for a range while it moves. " \
+    "moved first, once room opens; a launch of a range on its way to the host keeps " \
+    "it on the device, one of a range on its way back waits for it, and the job is "  \
+    "never held while the device drains. "                                            \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
   X(bring_in, bring_in, "tried",                                                     \
