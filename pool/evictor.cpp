@@ -96,7 +96,7 @@ void Evictor::look(int device, DeviceState& state) {
     taking += l->spilled;
   }
   if (!back.empty()) {
-    for (CUdeviceptr base : move(back, false)) {
+    for (CUdeviceptr base : move(lives.front().context, back, false)) {
       Seen& s = state.seen[base];
       s.evicted = false;
       s.returned = true;
@@ -125,7 +125,7 @@ void Evictor::look(int device, DeviceState& state) {
     std::lock_guard lock(mutex_);
     stuck_[device] = room + movable < wanted;
   }
-  for (CUdeviceptr base : move(off, true)) {
+  for (CUdeviceptr base : move(lives.front().context, off, true)) {
     Seen& s = state.seen[base];
     s.evicted = true;
     s.evicted_at = ++state.evictions;
@@ -138,31 +138,39 @@ CUstream Evictor::stream_of(CUcontext context) {
   return stream;
 }
 
-std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bool to_host) {
+std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUdeviceptr>& bases, bool to_host) {
+  // Current while the moves are planned too: the device's free memory
+  // (cuMemGetInfo) bounds the chunks a move to the device may make.
+  if (driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return {};
   std::vector<VmmPool::Move> moves;
   std::vector<AccessRecord*> records;
   for (CUdeviceptr base : bases) {
     VmmPool::Move m;
     if (!vmm_.plan_move(base, to_host, &m)) continue;
     AccessRecord* record = table_.find(base);
-    // One context per batch (its ranges' device's).
-    if (!record || (!moves.empty() && m.context != moves.front().context)) {
+    if (!record || m.context != context) {
       vmm_.finish_move(m, false);
       continue;
     }
     moves.push_back(std::move(m));
     records.push_back(record);
   }
-  if (moves.empty()) return {};
+  auto pop = [&] {
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  };
+  if (moves.empty()) {
+    pop();
+    return {};
+  }
   Submissions& gate = *settings_.submissions;
   auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
   const int64_t start = now_ns();
-  const bool current = driver_.cuCtxPushCurrent_v2(moves.front().context) == CUDA_SUCCESS;
   // Marked from a point no submitting call straddles: from then on a launch
   // that references a range touches it (to the host) or waits for it (to the
   // device), and any other call changes `entries`.
   uint64_t entries = 0;
-  const bool watching = current && gate.begin_moves([&] {
+  const bool watching = gate.begin_moves([&] {
     for (AccessRecord* r : records) to_host ? table_.set_watched(*r, true) : table_.set_moving(*r, true);
     entries = gate.entries();
   });
@@ -171,7 +179,7 @@ std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bo
   // meanwhile (not while a capture runs: a sync would break it).
   const bool synced = watching && !capturing() && driver_.cuCtxSynchronize() == CUDA_SUCCESS;
   const int64_t synced_at = now_ns();
-  const CUstream stream = synced ? stream_of(moves.front().context) : nullptr;
+  const CUstream stream = synced ? stream_of(context) : nullptr;
   std::vector<CUdeviceptr> out;
   std::vector<Block> blocks;
   uint64_t cancelled = 0, resynced = 0;
@@ -209,10 +217,7 @@ std::vector<CUdeviceptr> Evictor::move(const std::vector<CUdeviceptr>& bases, bo
       table_.set_moving(*r, false);
     }
   }
-  if (current) {
-    CUcontext popped = nullptr;
-    driver_.cuCtxPopCurrent_v2(&popped);
-  }
+  pop();
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
   std::lock_guard lock(mutex_);
   if (out.size() == moves.size()) {

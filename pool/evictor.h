@@ -114,8 +114,8 @@ class Evictor {
     uint64_t evictions = 0;
   };
   void look(int device, DeviceState& state);
-  // Moves the ranges at `bases` to the host or back; the ones moved.
-  std::vector<CUdeviceptr> move(const std::vector<CUdeviceptr>& bases, bool to_host);
+  // Moves the ranges at `bases` of `context` to the host or back; the ones moved.
+  std::vector<CUdeviceptr> move(CUcontext context, const std::vector<CUdeviceptr>& bases, bool to_host);
   CUstream stream_of(CUcontext context);  // the evictor's own, per context
 
   VmmPool& vmm_;
