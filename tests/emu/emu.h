@@ -131,8 +131,9 @@ struct State {
   // GMEM_EMU_PIN_MS (default 0): each pinned host chunk takes this long to
   // make, as pinning gigabytes takes an H100's host whole seconds.
   int pin_ms = 0;
-  // GMEM_EMU_SYNC_MS (default 0): cuCtxSynchronize takes this long first, as
-  // a device with a deep queue of work does (others go on meanwhile).
+  // GMEM_EMU_SYNC_MS (default 0): cuCtxSynchronize and cuStreamSynchronize
+  // take this long first, as on a device with a deep queue of work (others go
+  // on meanwhile); what was queued took effect when it was submitted.
   int sync_ms = 0;
   // GMEM_EMU_DEVICE_CHUNK_MAX (default: no limit): a larger device chunk is
   // out of memory, as on an H100 that refuses one chunk of all its free memory.

@@ -2,6 +2,9 @@
 // stream is idle, stream order holds trivially, and an event completes when it
 // is recorded, unless GMEM_EMU_HOLD_EVENTS=1 holds it until a synchronization.
 // Handles are checked, as the driver checks them.
+#include <chrono>
+#include <thread>
+
 #include "emu.h"
 
 namespace emu {
@@ -64,6 +67,7 @@ EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 EMU_API CUresult cuStreamSynchronize(CUstream stream) {
+  if (state().sync_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(state().sync_ms));  // not under the lock
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
   complete_events(stream);

@@ -13,7 +13,7 @@
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
 //   Evict.*     peer_budget:0,host_budget:512M,host_prepare:0,migrate_after_ms:50,evict:1
 //               with GMEM_EMU_DEVICE_MEMORY=256M,32M
-//   EvictSlowSync.* as Evict, with GMEM_EMU_SYNC_MS=300
+//   EvictSlowSync.*, Evict.CopiesRunning* as Evict but migrate_after_ms:5000, with GMEM_EMU_SYNC_MS=300
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,12 +59,13 @@ std::vector<uint32_t> pattern(std::size_t bytes, uint32_t seed) {
 }
 
 // Writes pattern(size, seed) at `at` and reads it back: whether both copies
-// succeeded and it read what it wrote.
-bool write_reads_back(CUdeviceptr at, std::size_t size, uint32_t seed) {
+// succeeded and it read what it wrote (`pause_us` after the write).
+bool write_reads_back(CUdeviceptr at, std::size_t size, uint32_t seed, useconds_t pause_us = 0) {
   auto in = pattern(size, seed);
   std::vector<uint32_t> out(in.size());
-  return cuMemcpyHtoD_v2(at, in.data(), size) == CUDA_SUCCESS &&
-         cuMemcpyDtoH_v2(out.data(), at, size) == CUDA_SUCCESS && out == in;
+  if (cuMemcpyHtoD_v2(at, in.data(), size) != CUDA_SUCCESS) return false;
+  if (pause_us) usleep(pause_us);
+  return cuMemcpyDtoH_v2(out.data(), at, size) == CUDA_SUCCESS && out == in;
 }
 
 // The emulated driver's own answer, past the shim: what the chunk under `ptr` is.
@@ -958,8 +960,10 @@ TEST_F(Evict, AnAllocationInUseStays) {
 }
 
 // Copies keep running while an allocation moves off the device and back: each
-// thread writes and reads back its own part without pause, and every read
-// finds what was written last (copies wait while ranges move).
+// thread writes and reads back its own part without pause, every read finds
+// what was written last, and so does a read once the moves are over (copies
+// wait while ranges move; a copy since a move began has the device
+// synchronized and the range copied again).
 TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
@@ -968,12 +972,15 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
   std::atomic<bool> stop{false};
   std::atomic<int> corrupt{0}, rounds{0};
   std::vector<std::thread> threads;
+  std::array<uint32_t, thread_count> last{};  // each thread's last seed written
   for (int t = 0; t < thread_count; ++t) {
     threads.emplace_back([&, t] {
       if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++corrupt);
       const CUdeviceptr mine = a + t * part;
       for (int i = 0; !stop && i < 100000; ++i) {
-        if (!write_reads_back(mine, part, static_cast<uint32_t>(t * 100000 + i))) ++corrupt;
+        last[t] = static_cast<uint32_t>(t * 100000 + i);
+        // A pause between the write and the read: a move may begin or end there.
+        if (!write_reads_back(mine, part, last[t], 500)) ++corrupt;
         ++rounds;
         usleep(500);  // idle between rounds: long enough for a look to find it unreferenced
       }
@@ -989,11 +996,14 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
   EXPECT_TRUE(evicted);
   EXPECT_TRUE(back);
   EXPECT_EQ(corrupt.load(), 0) << rounds.load() << " rounds";
+  for (int t = 0; t < thread_count; ++t) check(a + t * part, part, last[t]);
 }
 
-// meson's evict-slow-sync run: as evict's, with cuCtxSynchronize taking 300 ms
-// (GMEM_EMU_SYNC_MS), as on a device with a deep queue of work: each move
-// waits that long for the work submitted before it while the program goes on.
+// meson's evict-slow-sync run: as evict's, with each synchronization taking
+// 300 ms (GMEM_EMU_SYNC_MS), as on a device with a deep queue of work: each
+// move waits that long for the work submitted before it, and for its own
+// copies, while the program goes on. With migrate_after_ms:5000 the evictor,
+// not the mover, brings memory back.
 using EvictSlowSync = Tiers;
 
 // A launch that references a range after the evictor chose it, and before
