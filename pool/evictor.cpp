@@ -46,6 +46,14 @@ void Evictor::make_room(int device, std::size_t size) {
   work_.wait_ns += uint64_t(now_ns() - start);
 }
 
+bool Evictor::wait_moves() {
+  std::unique_lock lock(mutex_);
+  if (!moving_) return false;
+  ++work_.retries;
+  moved_.wait_for(lock, settings_.wait, [&] { return !moving_; });
+  return true;
+}
+
 void Evictor::look(int device, DeviceState& state) {
   const std::vector<VmmPool::Live> lives = vmm_.live_ranges(device);
   if (lives.empty()) return;
@@ -142,6 +150,10 @@ std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUde
   // Current while the moves are planned too: the device's free memory
   // (cuMemGetInfo) bounds the chunks a move to the device may make.
   if (driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return {};
+  {
+    std::lock_guard lock(mutex_);
+    moving_ = true;  // from the first chunk a plan makes
+  }
   std::vector<VmmPool::Move> moves;
   std::vector<AccessRecord*> records;
   for (CUdeviceptr base : bases) {
@@ -158,6 +170,9 @@ std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUde
   auto pop = [&] {
     CUcontext popped = nullptr;
     driver_.cuCtxPopCurrent_v2(&popped);
+    std::lock_guard lock(mutex_);
+    moving_ = false;
+    moved_.notify_all();
   };
   if (moves.empty()) {
     pop();

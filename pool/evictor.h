@@ -84,6 +84,9 @@ class Evictor {
   // read the new allocation in device memory, and the evictor's copies move
   // the idle ones at the copy engines' pace.
   void make_room(int device, std::size_t size);
+  // Waits (up to Settings::wait) until no batch of moves is under way; whether
+  // one was (and so memory may have been freed since).
+  bool wait_moves();
   static constexpr std::chrono::milliseconds period{2};
 
   struct Work {
@@ -95,6 +98,7 @@ class Evictor {
     uint64_t sync_ns = 0;    // waiting for the device before moving (the program going on)
     uint64_t move_ns = 0;    // copying and remapping
     uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
+    uint64_t retries = 0;  // requests out of memory that waited for a batch to end (wait_moves)
   };
   Work work() const;
 
@@ -122,8 +126,9 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, looks_, wanted_, stuck_
-  std::condition_variable looked_;
+  mutable std::mutex mutex_;  // work_, looks_, wanted_, stuck_, moving_
+  std::condition_variable looked_, moved_;
+  bool moving_ = false;  // a batch of moves is under way
   uint64_t looks_ = 0;
   Work work_;
   // Per device: the largest request waiting in make_room, and whether the

@@ -81,6 +81,11 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   auto busy = [&] { return driver_.cuStreamQuery(reinterpret_cast<CUstream>(stream)) == CUDA_ERROR_NOT_READY; };
   const bool busy_before = trace_ && !quiet() && busy();
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
+  // A batch of the evictor's moves holds the memory its ranges leave and the
+  // memory they go to until it ends; then the first is free again.
+  if (status == CUDA_ERROR_OUT_OF_MEMORY && evictor_ && evictor_->wait_moves()) {
+    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
+  }
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();
   if (tiers_->spilled(a.device)) {

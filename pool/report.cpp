@@ -64,7 +64,10 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     const Evictor::Work w = evictor->work();
     out += "gmem: report evictor rounds=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
            " evictions=" + std::to_string(w.evictions) + " prefetches=" + std::to_string(w.prefetches) +
-           " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) + " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) + "\n";
+           " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) +
+           " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
+           " waits=" + std::to_string(w.waits) + " wait_us=" + std::to_string(w.wait_ns / 1000) +
+           " retries=" + std::to_string(w.retries) + "\n";
   }
   if (uses) out += uses->report();
   return out;

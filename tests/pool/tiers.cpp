@@ -1047,6 +1047,27 @@ TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
   EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
 }
 
+// While a range moves to the host it holds both its device chunk and its new
+// host chunks. A request that finds neither tier with room then waits for the
+// move to end (the device chunk is free then) rather than fail.
+TEST_F(EvictSlowSync, ARequestShortOfBothTiersDuringAMoveWaitsForIt) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 6);
+  // 64 MiB on the device, 416 on the host: both full once a's 96 MiB (three
+  // host chunks of 32 MiB) are made for its move.
+  CUdeviceptr e = alloc(480 * mib);
+  ASSERT_EQ(spilled_bytes(OwnStats(), e), 416 * mib);
+  usleep(100 * 1000);  // the evictor has chosen a; its move waits 300 ms for the device
+  CUdeviceptr d = alloc(48 * mib);
+  EXPECT_EQ(spilled_bytes(OwnStats(), d), 0u);
+  EXPECT_EQ(spilled_bytes(OwnStats(), a), 96 * mib);
+  check(a, 96 * mib, 6);
+  free(d);
+  free(e);
+  free(b);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
