@@ -68,6 +68,7 @@ void Evictor::look(int device, DeviceState& state) {
       now.idle = was.launches == launches ? was.idle + 1 : 0;
       now.evicted = was.evicted && l.spilled > 0;
       now.evicted_at = was.evicted_at;
+      now.evicted_launches = was.evicted_launches;
       now.returned = was.returned && was.launches == launches;
     }
     seen[l.base] = now;
@@ -89,17 +90,33 @@ void Evictor::look(int device, DeviceState& state) {
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
   const std::size_t enough = wanted + high;
 
-  // Back, the last evicted first, as long as `high` stays free beside them.
+  // Back, the last evicted first. Once a launch has used an evicted range
+  // where it lies (the program has reached it: a backward pass uses what its
+  // forward pass made in reverse), those evicted before it come back next, as
+  // far as `ahead` and the room go; until then, as long as `high` stays free
+  // beside them and no request waits for room.
   std::vector<const VmmPool::Live*> evicted;
+  uint64_t reached = 0;
   for (const VmmPool::Live& l : lives) {
-    if (state.seen[l.base].evicted) evicted.push_back(&l);
+    const Seen& s = state.seen[l.base];
+    if (!s.evicted) continue;
+    evicted.push_back(&l);
+    if (s.launches != s.evicted_launches) reached = std::max(reached, s.evicted_at);
   }
-  std::sort(evicted.begin(), evicted.end(),
-            [&](const auto* a, const auto* b) { return state.seen[a->base].evicted_at > state.seen[b->base].evicted_at; });
+  auto next = [&](const VmmPool::Live* l) {
+    const Seen& s = state.seen[l->base];
+    return s.evicted_at < reached && s.launches == s.evicted_launches;
+  };
+  std::sort(evicted.begin(), evicted.end(), [&](const auto* a, const auto* b) {
+    return std::pair(next(a), state.seen[a->base].evicted_at) > std::pair(next(b), state.seen[b->base].evicted_at);
+  });
   std::vector<CUdeviceptr> back;
   std::size_t taking = 0;
+  const auto ahead = std::size_t(double(total) * settings_.ahead);
   for (const VmmPool::Live* l : evicted) {
-    if (wanted || room < taking + l->spilled + high) break;
+    if (next(l) ? taking + l->spilled > ahead || room < taking + l->spilled : wanted || room < taking + l->spilled + high) {
+      break;
+    }
     back.push_back(l->base);
     taking += l->spilled;
   }
@@ -137,6 +154,7 @@ void Evictor::look(int device, DeviceState& state) {
     Seen& s = state.seen[base];
     s.evicted = true;
     s.evicted_at = ++state.evictions;
+    s.evicted_launches = s.launches;
   }
 }
 

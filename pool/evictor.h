@@ -5,7 +5,9 @@
 // optimizer state) whenever the device's room falls low, so that new requests
 // find device memory; and it brings the evicted ones back, the last evicted
 // first, once room opens again (a step's backward pass frees what its forward
-// pass made, in reverse).
+// pass made, in reverse). Once a launch uses an evicted range where it lies
+// (the backward pass has reached it), the ones evicted before it come back
+// next, as far as `Settings::ahead` goes, whether or not a request waits.
 //
 // A move of a batch of ranges never holds the program while the device
 // drains:
@@ -64,6 +66,9 @@ class Evictor {
     // Evictions keep this share of the device's memory free for requests;
     // a range comes back once that much stays free beside it.
     double low_room = 1.0 / 64, high_room = 1.0 / 32;
+    // Once the program reaches an evicted range, at most this share of the
+    // device's memory comes back ahead of it.
+    double ahead = 1.0 / 8;
     // make_room waits for this many of the evictor's looks (about 0.5 s at
     // `period`; longer where the machine is loaded and the evictor slower),
     // never longer than `wait`.
@@ -112,6 +117,7 @@ class Evictor {
     bool evicted = false;    // by the evictor, and not brought back
     bool returned = false;   // brought back, and not launched since
     uint64_t evicted_at = 0;  // the order of evictions
+    uint64_t evicted_launches = 0;  // `launches` when evicted
   };
   struct DeviceState {
     std::unordered_map<CUdeviceptr, Seen> seen;

@@ -1068,6 +1068,35 @@ TEST_F(EvictSlowSync, ARequestShortOfBothTiersDuringAMoveWaitsForIt) {
   free(b);
 }
 
+// A backward pass uses what its forward pass made in reverse: once a launch
+// uses an evicted range where it lies, the range evicted before it comes back
+// next, where the device has room for it alone (the last evicted comes back
+// first only with room to spare).
+TEST_F(EvictSlowSync, ALaunchOfAnEvictedRangeBringsBackTheOneEvictedBeforeIt) {
+  CUmodule module = nullptr;
+  CUfunction kernel = nullptr;
+  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
+  CUdeviceptr r1 = alloc(32 * mib);
+  CUdeviceptr r2 = alloc(32 * mib);
+  CUdeviceptr x = alloc(192 * mib);
+  fill(r1, 32 * mib, 7);
+  CUdeviceptr z = alloc(32 * mib);  // spills: the evictor makes room, r1 first
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 32 * mib; }));
+  CUdeviceptr z2 = alloc(32 * mib);  // takes r1's room: r2 goes next
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r2) == 32 * mib; }));
+  void* params[] = {&r2};
+  ASSERT_EQ(cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
+  // Before the mover's round (5 s after the spill), which would bring back both.
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 0 || spilled_bytes(OwnStats(), r2) == 0; }));
+  EXPECT_EQ(spilled_bytes(OwnStats(), r1), 0u);
+  EXPECT_EQ(spilled_bytes(OwnStats(), r2), 32 * mib);
+  check(r1, 32 * mib, 7);
+  free(z2);
+  free(z);
+  free(x);
+  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
