@@ -27,15 +27,17 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <atomic>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <thread>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../conformance/ipc_peer.h"
@@ -921,42 +923,68 @@ TEST_F(Evict, ARequestWaitsForRoomRatherThanSpill) {
   check(b, 96 * mib, 4);
 }
 
+// A kernel of one pointer parameter: launched with `ptr` by a thread of its
+// own every `period` (first before the constructor returns) until stop().
+class Launcher {
+ public:
+  Launcher(CUcontext ctx, CUdeviceptr ptr, std::chrono::microseconds period) {
+    EXPECT_EQ(cuModuleLoadData(&module_, ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                         ".visible .entry use(.param .u64 p) { ret; }\n"),
+              CUDA_SUCCESS);
+    EXPECT_EQ(cuModuleGetFunction(&kernel_, module_, "use"), CUDA_SUCCESS);
+    thread_ = std::thread([this, ctx, ptr, period]() mutable {
+      if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++failed_;
+      std::unique_lock lock(mutex_);
+      while (!done_) {
+        void* params[] = {&ptr};
+        failed_ += cuLaunchKernel(kernel_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS;
+        ++launches_;
+        changed_.notify_all();
+        changed_.wait_for(lock, period, [&] { return done_; });
+      }
+    });
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return launches_ > 0; });
+  }
+  ~Launcher() {
+    stop();
+    EXPECT_EQ(cuModuleUnload(module_), CUDA_SUCCESS);
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  int failed() const { return failed_; }
+
+ private:
+  CUmodule module_ = nullptr;
+  CUfunction kernel_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool done_ = false;  // under mutex_
+  int launches_ = 0;   // under mutex_
+  std::atomic<int> failed_{0};
+  std::thread thread_;
+};
+
 // An allocation kernels keep referencing stays on the device: the next
 // oldest, idle, goes instead.
-// A kernel of one pointer parameter, loaded into `module`.
-void load_use_kernel(CUmodule* module, CUfunction* kernel) {
-  ASSERT_EQ(cuModuleLoadData(module, ".version 8.0\n.target sm_90\n.address_size 64\n"
-                                     ".visible .entry use(.param .u64 p) { ret; }\n"),
-            CUDA_SUCCESS);
-  ASSERT_EQ(cuModuleGetFunction(kernel, *module, "use"), CUDA_SUCCESS);
-}
-
 TEST_F(Evict, AnAllocationInUseStays) {
-  CUmodule module = nullptr;
-  CUfunction kernel = nullptr;
-  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
-  std::atomic<bool> done{false};
-  std::atomic<int> failed{0};
-  std::thread user([&] {
-    if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++failed);
-    while (!done) {
-      void* params[] = {&a};
-      failed += cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS;
-      usleep(200);
-    }
-  });
+  Launcher user(ctx_, a, std::chrono::microseconds(200));
   CUdeviceptr c = alloc(96 * mib);
   const bool evicted = eventually([&] { return spilled_bytes(OwnStats(), b) == 96 * mib; });
   const uint64_t a_spilled = spilled_bytes(OwnStats(), a);
-  done = true;
-  user.join();
+  user.stop();
   EXPECT_TRUE(evicted) << "b not evicted";
   EXPECT_EQ(a_spilled, 0u);
-  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(user.failed(), 0);
   free(c);
-  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
 }
 
 // Copies keep running while an allocation moves off the device and back: each
@@ -1009,34 +1037,20 @@ using EvictSlowSync = Tiers;
 // A launch that references a range after the evictor chose it, and before
 // its remap, cancels the move: the range is in use. Launched no more, it goes.
 TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
-  CUmodule module = nullptr;
-  CUfunction kernel = nullptr;
-  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
   fill(a, 96 * mib, 5);
-  std::atomic<bool> done{false}, launched{false};
-  std::atomic<int> failed{0};
-  std::thread user([&] {
-    if (cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return void(++failed);
-    while (!done) {
-      void* params[] = {&a};
-      failed += cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS;
-      launched = true;
-      usleep(50 * 1000);  // idle for many looks: the evictor chooses it, the oldest
-    }
-  });
-  ASSERT_TRUE(eventually([&] { return launched.load(); }));
+  // Idle for many looks between launches: the evictor chooses it, the oldest.
+  Launcher user(ctx_, a, std::chrono::milliseconds(50));
   CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
   uint64_t most = 0;
   for (int i = 0; i < 150; ++i) {
     most = std::max(most, spilled_bytes(OwnStats(), a));
     usleep(10 * 1000);
   }
-  done = true;
-  user.join();
+  user.stop();
   EXPECT_EQ(most, 0u) << "moved to the host while launched every 50 ms";
-  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(user.failed(), 0);
   // A request short of room has the evictor look again.
   CUdeviceptr d = alloc(96 * mib);
   EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "never chosen";
@@ -1044,7 +1058,6 @@ TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
   free(d);
   free(c);
   free(b);
-  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
 }
 
 // While a range moves to the host it holds both its device chunk and its new
@@ -1073,9 +1086,6 @@ TEST_F(EvictSlowSync, ARequestShortOfBothTiersDuringAMoveWaitsForIt) {
 // next, where the device has room for it alone (the last evicted comes back
 // first only with room to spare).
 TEST_F(EvictSlowSync, ALaunchOfAnEvictedRangeBringsBackTheOneEvictedBeforeIt) {
-  CUmodule module = nullptr;
-  CUfunction kernel = nullptr;
-  ASSERT_NO_FATAL_FAILURE(load_use_kernel(&module, &kernel));
   CUdeviceptr r1 = alloc(32 * mib);
   CUdeviceptr r2 = alloc(32 * mib);
   CUdeviceptr x = alloc(192 * mib);
@@ -1084,17 +1094,16 @@ TEST_F(EvictSlowSync, ALaunchOfAnEvictedRangeBringsBackTheOneEvictedBeforeIt) {
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 32 * mib; }));
   CUdeviceptr z2 = alloc(32 * mib);  // takes r1's room: r2 goes next
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r2) == 32 * mib; }));
-  void* params[] = {&r2};
-  ASSERT_EQ(cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
+  Launcher user(ctx_, r2, std::chrono::hours(1));  // once
   // Before the mover's round (5 s after the spill), which would bring back both.
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 0 || spilled_bytes(OwnStats(), r2) == 0; }));
   EXPECT_EQ(spilled_bytes(OwnStats(), r1), 0u);
   EXPECT_EQ(spilled_bytes(OwnStats(), r2), 32 * mib);
   check(r1, 32 * mib, 7);
+  EXPECT_EQ(user.failed(), 0);
   free(z2);
   free(z);
   free(x);
-  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
 }
 
 }  // namespace
