@@ -1,12 +1,18 @@
 // Copies and fills of the emulator. All memory is host memory here, so they run
 // at once; what they touch on the device side must be live device memory with
 // the access the operation needs, or the call fails as the driver's would.
+// They run one at a time (`engine`): copies that touch the same memory from
+// two threads at once are the program's race on a GPU, where each byte is
+// still written whole, and not undefined behaviour in C++ as here.
 #include <cstring>
+#include <mutex>
 
 #include "emu.h"
 
 namespace emu {
 namespace {
+
+std::mutex engine;
 
 enum class Side { host, device, unified };
 
@@ -31,6 +37,7 @@ CUresult copy(CUdeviceptr dst, Side to, CUdeviceptr src, Side from, std::size_t 
     if (bytes == 0) return CUDA_SUCCESS;
     if (!usable(dst, bytes, to, true) || !usable(src, bytes, from, false)) return CUDA_ERROR_INVALID_VALUE;
   }
+  std::lock_guard running(engine);
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
   return CUDA_SUCCESS;
 }
@@ -44,6 +51,7 @@ CUresult fill(CUdeviceptr dst, T value, std::size_t count, CUstream stream = nul
     if (count == 0) return CUDA_SUCCESS;
     if (dst % sizeof(T) || !usable(dst, count * sizeof(T), Side::device, true)) return CUDA_ERROR_INVALID_VALUE;
   }
+  std::lock_guard running(engine);
   T* p = reinterpret_cast<T*>(dst);
   for (std::size_t i = 0; i < count; ++i) p[i] = value;
   return CUDA_SUCCESS;
