@@ -213,28 +213,28 @@ void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfu
 }
 
 // A submitting `call`, gated; `counted` once the driver took it, with the
-// access table, where launches are tracked. A kernel launch (`launch`) passes
-// the gate while ranges move, and waits for the moving range `moving` finds
-// among its references; any other call waits for all moves to end.
+// access table, where launches are tracked, before the call leaves the gate
+// (once the gate found no call in flight, every launch before is counted:
+// pool/evictor.h). A kernel launch (`launch`) passes the gate while ranges
+// move, and waits for the moving range `moving` finds among its references;
+// any other call waits for all moves to end.
 template <typename Moving, typename Call, typename Counted>
 CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
   gmem::pool::Pool* pool = gmem::active_pool();  // resolves the driver on the first call
   gmem::pool::AccessTable* table = pool ? pool->access() : nullptr;
-  CUresult status;
   while (true) {
     const gmem::pool::AccessRecord* wait_for = nullptr;
     {
       gmem::gate::Pass pass(launch);
       if (launch && table && table->any_marked()) wait_for = moving(*table);
       if (!wait_for) {
-        status = call();
-        break;
+        const CUresult status = call();
+        if (status == CUDA_SUCCESS && table) counted(*pool, *table);
+        return status;
       }
     }
     table->wait_unmoved(*wait_for);  // out of the gate: the move may need it open
   }
-  if (status == CUDA_SUCCESS && table) counted(*pool, *table);
-  return status;
 }
 
 template <typename Call>

@@ -11,6 +11,11 @@ AccessRecord::Figures AccessRecord::figures() const {
   return table_->sums(id_) - taken_;
 }
 
+uint64_t AccessRecord::launched() const {
+  std::lock_guard lock(table_->mutex_);
+  return table_->sums(id_).launches;
+}
+
 AccessRecord::Figures AccessRecord::take() {
   std::lock_guard lock(table_->mutex_);
   const Figures now = table_->sums(id_);

@@ -83,6 +83,9 @@ class AccessRecord {
   Figures figures() const;
   // The figures, reset to zero at once (no launch is lost between the two).
   Figures take();
+  // Launches ever counted into the record (never reset, nor when it is reused):
+  // where it has not changed, no launch referenced the range meanwhile.
+  uint64_t launched() const;
   void reset() { take(); }
 
   // Part of the range moved between tiers (the tiers tell: pool/tiers.h).

@@ -74,6 +74,10 @@ void Evictor::look(int device, DeviceState& state) {
     seen[l.base] = now;
   }
   state.seen = std::move(seen);
+  std::erase_if(state.ended, [&](const auto& e) {
+    auto it = state.seen.find(e.first);
+    return it == state.seen.end() || !it->second.evicted;
+  });
 
   if (driver_.cuCtxPushCurrent_v2(lives.front().context) != CUDA_SUCCESS) return;
   const std::size_t room = vmm_.device_room(device);
@@ -121,7 +125,7 @@ void Evictor::look(int device, DeviceState& state) {
     taking += l->spilled;
   }
   if (!back.empty()) {
-    for (CUdeviceptr base : move(lives.front().context, back, false)) {
+    for (CUdeviceptr base : move(state, lives.front().context, back, false)) {
       Seen& s = state.seen[base];
       s.evicted = false;
       s.returned = true;
@@ -150,7 +154,7 @@ void Evictor::look(int device, DeviceState& state) {
     std::lock_guard lock(mutex_);
     stuck_[device] = room + movable < wanted;
   }
-  for (CUdeviceptr base : move(lives.front().context, off, true)) {
+  for (CUdeviceptr base : move(state, lives.front().context, off, true)) {
     Seen& s = state.seen[base];
     s.evicted = true;
     s.evicted_at = ++state.evictions;
@@ -164,7 +168,8 @@ CUstream Evictor::stream_of(CUcontext context) {
   return stream;
 }
 
-std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUdeviceptr>& bases, bool to_host) {
+std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
+                                       bool to_host) {
   // Current while the moves are planned too: the device's free memory
   // (cuMemGetInfo) bounds the chunks a move to the device may make.
   if (driver_.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return {};
@@ -203,14 +208,23 @@ std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUde
   // that references a range touches it (to the host) or waits for it (to the
   // device), and any other call changes `entries`.
   uint64_t entries = 0;
+  bool quiet = !to_host;  // no launch or other call since each range was evicted
   const bool watching = gate.begin_moves([&] {
-    for (AccessRecord* r : records) to_host ? table_.set_watched(*r, true) : table_.set_moving(*r, true);
     entries = gate.entries();
+    for (std::size_t i = 0; i < moves.size(); ++i) {
+      AccessRecord& r = *records[i];
+      to_host ? table_.set_watched(r, true) : table_.set_moving(r, true);
+      auto ended = state.ended.find(moves[i].base);
+      quiet = quiet && ended != state.ended.end() && ended->second.launched == r.launched() &&
+              ended->second.entries == entries;
+    }
   });
   if (watching) gate.end_moves();
   // Work submitted before that point completes; the program's goes on
-  // meanwhile (not while a capture runs: a sync would break it).
-  const bool synced = watching && !capturing() && driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+  // meanwhile (not while a capture runs: a sync would break it). Ranges
+  // untouched since their eviction ended have no such work.
+  const bool synced =
+      watching && !capturing() && (quiet || driver_.cuCtxSynchronize() == CUDA_SUCCESS);
   const int64_t synced_at = now_ns();
   const CUstream stream = synced ? stream_of(context) : nullptr;
   std::vector<CUdeviceptr> out;
@@ -234,6 +248,11 @@ std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUde
       return VmmPool::Check::copy_again;
     };
     const CUresult status = stream ? vmm_.carry_out(m, stream, before_remap) : CUDA_ERROR_NOT_READY;
+    if (status == CUDA_SUCCESS && to_host) {
+      state.ended[m.base] = {record.launched(), gate.entries()};  // the gate still closed
+    } else if (status == CUDA_SUCCESS) {
+      state.ended.erase(m.base);
+    }
     table_.set_moving(record, false);
     table_.set_watched(record, false);
     if (closed) gate.end_moves();
@@ -260,6 +279,7 @@ std::vector<CUdeviceptr> Evictor::move(CUcontext context, const std::vector<CUde
   }
   (to_host ? work_.evictions : work_.prefetches) += out.size();
   work_.cancelled += cancelled;
+  work_.unsynced += quiet && synced;
   work_.resynced += resynced;
   work_.sync_ns += uint64_t(synced_at - start);
   work_.move_ns += uint64_t(now_ns() - synced_at);

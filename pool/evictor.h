@@ -19,7 +19,10 @@
 //     (it would read it over PCIe meanwhile), and any other submitting call
 //     (a copy, a set) is counted (Submissions::entries).
 //  2. The mover's thread synchronizes the context: the work submitted before
-//     that point completes, while the program goes on submitting.
+//     that point completes, while the program goes on submitting. Not for
+//     ranges coming back that no launch and no other call can have touched
+//     since their eviction ended (AccessRecord::launched, entries: the launch
+//     hooks count a launch before it leaves the gate).
 //  3. For each range: to the device, its content is copied into new device
 //     chunks on the evictor's stream. Then the gate closes to every call but
 //     launches, and the range is marked moving. A range touched since step 1
@@ -100,6 +103,7 @@ class Evictor {
     uint64_t evictions = 0, prefetches = 0;  // ranges moved
     uint64_t cancelled = 0;  // moves a launch touched before their remap
     uint64_t resynced = 0;   // moves that synchronized again with the gate held
+    uint64_t unsynced = 0;   // batches back to the device that needed no sync first
     uint64_t sync_ns = 0;    // waiting for the device before moving (the program going on)
     uint64_t move_ns = 0;    // copying and remapping
     uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
@@ -119,13 +123,21 @@ class Evictor {
     uint64_t evicted_at = 0;  // the order of evictions
     uint64_t evicted_launches = 0;  // `launches` when evicted
   };
+  // For a range evicted and not brought back: AccessRecord::launched() and
+  // Submissions::entries() as its eviction ended.
+  struct Ended {
+    uint64_t launched = 0, entries = 0;
+  };
   struct DeviceState {
     std::unordered_map<CUdeviceptr, Seen> seen;
     uint64_t evictions = 0;
+    std::unordered_map<CUdeviceptr, Ended> ended;
   };
   void look(int device, DeviceState& state);
-  // Moves the ranges at `bases` of `context` to the host or back; the ones moved.
-  std::vector<CUdeviceptr> move(CUcontext context, const std::vector<CUdeviceptr>& bases, bool to_host);
+  // Moves the ranges at `bases` of `context` (a range of `state`'s device)
+  // to the host or back; the ones moved.
+  std::vector<CUdeviceptr> move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
+                                bool to_host);
   CUstream stream_of(CUcontext context);  // the evictor's own, per context
 
   VmmPool& vmm_;

@@ -65,6 +65,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     out += "gmem: report evictor rounds=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +
            " evictions=" + std::to_string(w.evictions) + " prefetches=" + std::to_string(w.prefetches) +
            " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) +
+           " unsynced=" + std::to_string(w.unsynced) +
            " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
            " waits=" + std::to_string(w.waits) + " wait_us=" + std::to_string(w.wait_ns / 1000) +
            " retries=" + std::to_string(w.retries) + "\n";
