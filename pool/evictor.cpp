@@ -60,7 +60,7 @@ void Evictor::look(int device, DeviceState& state) {
   std::unordered_map<CUdeviceptr, Seen> seen;
   for (const VmmPool::Live& l : lives) {
     const AccessRecord* record = table_.find(l.base);
-    const uint64_t launches = record ? record->figures().launches : 0;
+    const uint64_t launches = record ? record->launched() : 0;
     auto before = state.seen.find(l.base);
     Seen now{l.last_use, launches};
     if (before != state.seen.end() && before->second.handed == l.last_use) {

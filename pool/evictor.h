@@ -116,7 +116,7 @@ class Evictor {
   // (Range::last_use) tells a range handed out again from the one it knew.
   struct Seen {
     uint64_t handed = 0;
-    uint64_t launches = 0;
+    uint64_t launches = 0;   // AccessRecord::launched() (placing by use resets the figures)
     unsigned idle = 0;       // looks that found no new launch
     bool evicted = false;    // by the evictor, and not brought back
     bool returned = false;   // brought back, and not launched since

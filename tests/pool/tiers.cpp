@@ -14,6 +14,7 @@
 //   Evict.*     peer_budget:0,host_budget:512M,host_prepare:0,migrate_after_ms:50,evict:1
 //               with GMEM_EMU_DEVICE_MEMORY=256M,32M
 //   EvictSlowSync.*, Evict.CopiesRunning* as Evict but migrate_after_ms:5000, with GMEM_EMU_SYNC_MS=300
+//               (EvictSlowSync.ARequestShort* in a process of its own)
 //   Exit.*      with Spill, with Prepare and with Move
 // The others run with migrate_after_ms:0: their placements stay as made.
 #include <cuda.h>
@@ -1071,7 +1072,9 @@ TEST_F(EvictSlowSync, ARequestShortOfBothTiersDuringAMoveWaitsForIt) {
   // host chunks of 32 MiB) are made for its move.
   CUdeviceptr e = alloc(480 * mib);
   ASSERT_EQ(spilled_bytes(OwnStats(), e), 416 * mib);
-  usleep(100 * 1000);  // the evictor has chosen a; its move waits 300 ms for the device
+  // The evictor has chosen a and made its host chunks; its move waits 300 ms
+  // for the device.
+  ASSERT_TRUE(wait_for(GMEM_STAT_host_reserved_bytes, 512 * mib));
   CUdeviceptr d = alloc(48 * mib);
   EXPECT_EQ(spilled_bytes(OwnStats(), d), 0u);
   EXPECT_EQ(spilled_bytes(OwnStats(), a), 96 * mib);
