@@ -113,6 +113,52 @@ TEST(LaunchReferences, ThreadsCountApartAndTheFiguresAreTheirSum) {
   EXPECT_EQ(r->figures(), AccessRecord::Figures{});
 }
 
+// What the evictor compares (pool/evictor.h): launches ever counted, which
+// neither a take nor the record's reuse turns back.
+TEST(AccessRecord, LaunchedNeverGoesBack) {
+  AccessTable table;
+  AccessRecord* r = table.add(base, 2 * mib, 0, 0, 0);
+  auto launch = [&] {
+    LaunchReferences refs(table);
+    refs.word(base);
+    refs.finish(nullptr);
+  };
+  launch();
+  launch();
+  const uint64_t before = r->launched();
+  EXPECT_EQ(r->take().launches, 2u);
+  EXPECT_EQ(r->launched(), before);
+  launch();
+  EXPECT_EQ(r->launched(), before + 1);
+  table.remove(base, 2 * mib);
+  AccessRecord* again = table.add(base, 2 * mib, 0, 0, 0);
+  ASSERT_EQ(again, r);
+  EXPECT_EQ(again->figures().launches, 0u);
+  EXPECT_EQ(again->launched(), before + 1);
+}
+
+// A watched range is touched by a launch's hook (interpose/hooks_launch.cpp)
+// and watched anew untouched; marks of either kind make the hooks look.
+TEST(AccessTable, WatchedAndMovingMarksAreCountedApartFromTouches) {
+  AccessTable table;
+  AccessRecord* r = table.add(base, 2 * mib, 0, 0, 0);
+  EXPECT_FALSE(table.any_marked());
+  table.set_watched(*r, true);
+  EXPECT_TRUE(table.any_marked());
+  EXPECT_TRUE(r->watched());
+  r->touch();
+  EXPECT_TRUE(r->touched());
+  table.set_moving(*r, true);
+  table.set_watched(*r, false);
+  EXPECT_TRUE(table.any_marked());
+  table.set_moving(*r, false);
+  EXPECT_FALSE(table.any_marked());
+  table.set_watched(*r, true);
+  EXPECT_FALSE(r->touched());
+  table.set_watched(*r, false);
+  EXPECT_FALSE(table.any_marked());
+}
+
 TEST(LaunchReferences, FollowsPlacementChanges) {
   AccessTable table;
   AccessRecord* r = table.add(base, 4 * mib, 0, 4 * mib, 0);

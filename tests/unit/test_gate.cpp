@@ -49,6 +49,16 @@ TEST_F(Gate, ACallWaitsWhileTheMoverHoldsTheGateAndGoesOnWhenItResumes) {
   EXPECT_TRUE(caller.passed());
 }
 
+// Calls other than launches count as they enter (pool/evictor.h compares the
+// count across a move); launches do not.
+TEST_F(Gate, EntriesCountCallsOtherThanLaunches) {
+  const uint64_t before = gate_.entries();
+  { Pass launch(true); }
+  EXPECT_EQ(gate_.entries(), before);
+  { Pass copy; }
+  EXPECT_EQ(gate_.entries(), before + 1);
+}
+
 TEST_F(Gate, StopWaitsForTheCallsInFlight) {
   auto start = Clock::now();
   {
