@@ -160,10 +160,11 @@ gmem_lazy_common:
     leaq gmem_real_table(%rip), %r10
     jmp *(%r10,%r11,8)
 
-    /* A gated function (%r11: its index): counted in flight while it runs; while
-       the gate is closed, it waits in gmem_gate_wait before it starts. It is
-       called rather than jumped to, so its stack arguments are copied below the
-       return address it gets. */
+    /* A gated function (%r11: its index): counted as it enters
+       (gmem_gate_entries) and in flight while it runs; while the gate is
+       closed, it waits in gmem_gate_wait before it starts. It is called rather
+       than jumped to, so its stack arguments are copied below the return
+       address it gets. */
     .p2align 4
     .type gmem_gate_common,@function
 gmem_gate_common:
