@@ -263,12 +263,6 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     out.push_back(m.base);
     if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
   }
-  if (!stream) {
-    for (AccessRecord* r : records) {
-      table_.set_watched(*r, false);
-      table_.set_moving(*r, false);
-    }
-  }
   pop();
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
   std::lock_guard lock(mutex_);
