@@ -2,8 +2,6 @@
 // (retained, released, reset) and created ones. A context that goes frees its
 // allocations, so freeing one of them later gets the driver's error.
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "emu.h"
 
@@ -188,7 +186,7 @@ EMU_API CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 
 EMU_API CUresult cuCtxSynchronize() {
   if (CUresult r = context_check()) return r;
-  if (state().sync_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(state().sync_ms));  // not under the lock
+  wait_for_queue();
   std::lock_guard lock(state().mutex);
   complete_events(all_streams);
   trim_pools();

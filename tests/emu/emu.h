@@ -148,6 +148,9 @@ State& state();
 // state mutex. all_streams: every stream's.
 inline const CUstream all_streams = reinterpret_cast<CUstream>(~std::uintptr_t{0});
 void complete_events(CUstream stream);
+// A synchronization's wait for the device's queue: GMEM_EMU_SYNC_MS, with no
+// lock held (others go on meanwhile).
+void wait_for_queue();
 
 // The calling thread's context stack; its top is the current context.
 std::vector<Context*>& context_stack();

@@ -20,6 +20,10 @@ void complete_events(CUstream stream) {
   }
 }
 
+void wait_for_queue() {
+  if (state().sync_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(state().sync_ms));
+}
+
 bool capturable(CUstream stream) {
   return stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD &&
          state().streams.count(reinterpret_cast<Stream*>(stream));
@@ -67,7 +71,7 @@ EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 EMU_API CUresult cuStreamSynchronize(CUstream stream) {
-  if (state().sync_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(state().sync_ms));  // not under the lock
+  wait_for_queue();
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
   complete_events(stream);
