@@ -162,10 +162,18 @@ void Evictor::look(int device, DeviceState& state) {
   }
 }
 
-CUstream Evictor::stream_of(CUcontext context) {
-  CUstream& stream = streams_[context];
-  if (!stream && driver_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
-  return stream;
+Evictor::Lane* Evictor::lane_of(CUcontext context, std::size_t events) {
+  Lane& lane = lanes_[context];
+  if (!lane.stream && driver_.cuStreamCreate(&lane.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    lane.stream = nullptr;
+    return nullptr;
+  }
+  while (lane.events.size() < events) {
+    CUevent event = nullptr;
+    if (driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+    lane.events.push_back(event);
+  }
+  return &lane;
 }
 
 std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
@@ -226,42 +234,106 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
   const bool synced =
       watching && !capturing() && (quiet || driver_.cuCtxSynchronize() == CUDA_SUCCESS);
   const int64_t synced_at = now_ns();
-  const CUstream stream = synced ? stream_of(context) : nullptr;
+  Lane* lane = synced ? lane_of(context, moves.size()) : nullptr;
+  const std::size_t n = moves.size();
+  std::vector<CUresult> status(n, lane ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (status[i] == CUDA_SUCCESS) status[i] = vmm_.stage(moves[i]);
+  }
+  // Enqueues the copy of move i, then its event.
+  auto copy = [&](std::size_t i) {
+    if (status[i] != CUDA_SUCCESS) return;
+    status[i] = vmm_.copy(moves[i], lane->stream);
+    if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventRecord(lane->events[i], lane->stream);
+  };
+  auto copied = [&](std::size_t i) {
+    if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventSynchronize(lane->events[i]);
+  };
   std::vector<CUdeviceptr> out;
   std::vector<Block> blocks;
   uint64_t cancelled = 0, resynced = 0;
-  for (std::size_t i = 0; i < moves.size(); ++i) {
+  // Move i ends: the range stays marked until here.
+  auto settle = [&](std::size_t i) {
     VmmPool::Move& m = moves[i];
     AccessRecord& record = *records[i];
-    bool closed = false;
-    // Once the gate is closed to all but launches, and a launch that
-    // references the range waits: a range touched since it was watched stays
-    // where it is; where another call was submitted since, the device is
-    // synchronized (it may have written the range) before the remap.
-    auto before_remap = [&] {
-      closed = gate.begin_moves([&] { table_.set_moving(record, true); });
-      if (!closed || record.touched() || capturing()) return VmmPool::Check::cancel;
-      if (gate.entries() == entries) return VmmPool::Check::go;
-      ++resynced;
-      if (driver_.cuCtxSynchronize() != CUDA_SUCCESS) return VmmPool::Check::cancel;
-      entries = gate.entries();
-      return VmmPool::Check::copy_again;
-    };
-    const CUresult status = stream ? vmm_.carry_out(m, stream, before_remap) : CUDA_ERROR_NOT_READY;
-    if (status == CUDA_SUCCESS && to_host) {
+    const bool done = status[i] == CUDA_SUCCESS;
+    if (done && to_host) {
       state.ended[m.base] = {record.launched(), gate.entries()};  // the gate still closed
-    } else if (status == CUDA_SUCCESS) {
+    } else if (done) {
       state.ended.erase(m.base);
     }
     table_.set_moving(record, false);
     table_.set_watched(record, false);
-    if (closed) gate.end_moves();
-    const bool done = status == CUDA_SUCCESS;
-    cancelled += stream && status == CUDA_ERROR_NOT_READY;
     vmm_.finish_move(m, done);
-    if (!done) continue;
+    if (!done) return;
     out.push_back(m.base);
     if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
+  };
+  if (to_host) {
+    // One closure of the gate to all but launches for the batch: a range
+    // touched since it was watched stays where it is; the others are marked
+    // moving (a launch that references one waits for it). Where another call
+    // was submitted since, the device is synchronized (that call may write a
+    // range) before the remaps. Each range is remapped and its content copied
+    // in while the next one is remapped.
+    const bool closed = lane && gate.begin_moves([&] {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (status[i] == CUDA_SUCCESS && records[i]->touched()) {
+          status[i] = CUDA_ERROR_NOT_READY;
+          ++cancelled;
+        }
+        if (status[i] == CUDA_SUCCESS) table_.set_moving(*records[i], true);
+      }
+    });
+    bool go = closed && !capturing();
+    if (go && gate.entries() != entries) {
+      ++resynced;
+      go = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+    }
+    std::vector<bool> remapped(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      cancelled += !go && status[i] == CUDA_SUCCESS;
+      if (!go) status[i] = CUDA_ERROR_NOT_READY;
+    }
+    // Move i's copy has completed, or its range goes back to its device chunks.
+    auto end = [&](std::size_t i) {
+      copied(i);
+      if (remapped[i] && status[i] != CUDA_SUCCESS) vmm_.remap(moves[i], false);
+      settle(i);
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+      if (status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(moves[i])) == CUDA_SUCCESS;
+      copy(i);
+      if (i) end(i - 1);
+    }
+    end(n - 1);
+    if (closed) gate.end_moves();
+  } else {
+    // Every copy at once; each range is remapped once its own completed,
+    // while the later ones copy. The gate closes to all but launches around
+    // each remap. Where another call was submitted since the ranges were
+    // marked, the device is synchronized (it may have written a range while
+    // it was copied) and the ranges not yet remapped are copied again.
+    for (std::size_t i = 0; i < n; ++i) copy(i);
+    for (std::size_t i = 0; i < n; ++i) {
+      copied(i);
+      const bool closed = status[i] == CUDA_SUCCESS && gate.begin_moves([] {});
+      if (status[i] == CUDA_SUCCESS && (!closed || capturing())) {
+        status[i] = CUDA_ERROR_NOT_READY;
+        ++cancelled;
+      }
+      if (status[i] == CUDA_SUCCESS && gate.entries() != entries) {
+        ++resynced;
+        if ((status[i] = driver_.cuCtxSynchronize()) == CUDA_SUCCESS) {
+          entries = gate.entries();
+          for (std::size_t j = i; j < n; ++j) copy(j);
+          copied(i);
+        }
+      }
+      if (status[i] == CUDA_SUCCESS) status[i] = vmm_.remap(moves[i]);
+      settle(i);
+      if (closed) gate.end_moves();
+    }
   }
   pop();
   if (!blocks.empty() && settings_.moved) settings_.moved(blocks);

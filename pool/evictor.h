@@ -138,7 +138,13 @@ class Evictor {
   // to the host or back; the ones moved.
   std::vector<CUdeviceptr> move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
                                 bool to_host);
-  CUstream stream_of(CUcontext context);  // the evictor's own, per context
+  // The evictor's own stream of `context`, and events of it for a batch's
+  // moves (at least `events`); null if they cannot be made.
+  struct Lane {
+    CUstream stream = nullptr;
+    std::vector<CUevent> events;
+  };
+  Lane* lane_of(CUcontext context, std::size_t events);
 
   VmmPool& vmm_;
   AccessTable& table_;
@@ -156,7 +162,7 @@ class Evictor {
   // The calling thread's own (the mover's).
   std::unordered_map<int, DeviceState> devices_;
   std::unordered_map<int, std::size_t> totals_;  // each device's memory
-  std::unordered_map<CUcontext, CUstream> streams_;
+  std::unordered_map<CUcontext, Lane> lanes_;
 };
 
 }  // namespace gmem::pool

@@ -193,27 +193,34 @@ class VmmPool {
     int device = -1;
     CUcontext context = nullptr;
     Range* range = nullptr;
-    uint64_t driver_ns = 0;  // carry_out's time in the driver
+    uint64_t driver_ns = 0;  // stage's, copy's and remap's time in the driver
+    // The device side of each part (what it leaves, or what it goes to),
+    // mapped in order at an address of its own (stage).
+    vmm::Reservation staging;
+    std::vector<std::size_t> at;  // each part's offset in `staging`
+    std::size_t staged = 0;       // bytes mapped there
   };
   // Under the lock: sets out the move of the live range at `base` as far as
   // the chunks it goes to can be had (free ones whose frees completed, then
   // new ones within the tiers' and the device's budgets), and marks the range
   // moving (its free, export and dedup wait). False if nothing can move.
   bool plan_move(CUdeviceptr base, bool to_host, Move* out);
-  // With no lock held, while no submitted work may touch the range
-  // (pool/evictor.h): copies and remaps, the device side through an address
-  // of its own. To the host, the range is remapped first and its content
-  // copied in; to the device, copied first, then remapped. `before_remap`
-  // (where not empty) is asked just before the range is remapped: after it,
-  // no submitting call may touch the range until carry_out returns. It may
-  // cancel the move (CUDA_ERROR_NOT_READY, nothing changed), or, to the
-  // device, have the content copied again (something may have written it
-  // during the first copy). `stream` is the mover's own, of the range's
-  // context (current).
-  enum class Check { go, copy_again, cancel };
-  CUresult carry_out(Move& move, CUstream stream, const std::function<Check()>& before_remap);
-  // Under the lock: with `done`, the range holds the new chunks and the old
-  // ones are free; else the new ones are. The range is no longer moving.
+  // The three steps of a planned move, with no lock held and the range's
+  // context current (pool/evictor.h orders them; no submitted work may touch
+  // the range from its copy to its remap). To the host, the range is remapped
+  // first and its content copied in; to the device, copied first, then
+  // remapped.
+  //  - stage: maps the device side of each part at an address of its own;
+  //  - copy: enqueues the copy of the content on `stream` (the caller waits
+  //    for it): to the host from the device chunks into the range, to the
+  //    device from the range into the new chunks;
+  //  - remap: every part onto its new chunks (`forward`) or back, or none.
+  CUresult stage(Move& move);
+  CUresult copy(Move& move, CUstream stream);
+  CUresult remap(Move& move, bool forward = true);
+  // Unmaps the staging address, then under the lock: with `done`, the range
+  // holds the new chunks and the old ones are free; else the new ones are.
+  // The range is no longer moving.
   void finish_move(Move& move, bool done);
   // Only while nothing else runs (the program's submissions held and its
   // contexts synchronized, the range's context current): the live range at

@@ -91,7 +91,12 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
       (to_host && !tiers_)) {
     return false;
   }
-  *out = Move{base, to_host, {}, 0, range->device, range->context(), range};
+  *out = Move{};
+  out->base = base;
+  out->to_host = to_host;
+  out->device = range->device;
+  out->context = range->context();
+  out->range = range;
   if (!out->context) return false;
   std::size_t offset = 0;
   for (Piece* p : range->pieces) {
@@ -108,30 +113,43 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
   return true;
 }
 
-CUresult VmmPool::carry_out(Move& move, CUstream stream, const std::function<Check()>& before_remap) {
-  Range& range = *move.range;
-  const int device = move.device;
-  // The device side of each part (what it leaves, or what it goes to),
-  // mapped in order at an address of its own.
-  vmm::Reservation staging;
-  CUresult status = vmm::Reservation::reserve(driver_, move.bytes, &staging);
-  std::vector<std::size_t> at;  // each part's offset in `staging`
-  std::size_t mapped = 0;
+CUresult VmmPool::stage(Move& move) {
+  Timer timer(move.driver_ns);
+  CUresult status = vmm::Reservation::reserve(driver_, move.bytes, &move.staging);
   for (const Move::Part& part : move.parts) {
-    at.push_back(mapped);
+    move.at.push_back(move.staged);
     const std::vector<Piece*> from{part.from};
     for (const Piece* p : move.to_host ? from : part.to) {
-      if (status == CUDA_SUCCESS && (status = staging.map(mapped, p->memory, device)) == CUDA_SUCCESS) {
-        mapped += p->memory.size();
+      if (status == CUDA_SUCCESS && (status = move.staging.map(move.staged, p->memory, move.device)) == CUDA_SUCCESS) {
+        move.staged += p->memory.size();
       }
     }
   }
+  return status;
+}
+
+CUresult VmmPool::copy(Move& move, CUstream stream) {
+  Timer timer(move.driver_ns);
+  CUresult result = CUDA_SUCCESS;
+  for (std::size_t i = 0; i < move.parts.size() && result == CUDA_SUCCESS; ++i) {
+    const CUdeviceptr in_range = move.range->va.base() + move.parts[i].offset;
+    const CUdeviceptr in_staging = move.staging.base() + move.at[i];
+    const std::size_t size = move.parts[i].from->memory.size();
+    result = move.to_host ? driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, size, stream)
+                          : driver_.cuMemcpyDtoDAsync_v2(in_staging, in_range, size, stream);
+  }
+  return result;
+}
+
+CUresult VmmPool::remap(Move& move, bool forward) {
+  Timer timer(move.driver_ns);
+  Range& range = *move.range;
   // A part's address range: its `from` chunk unmapped and its `to` chunks
-  // mapped (`forward`), or the other way round; on failure, as it was.
-  auto swap = [&](const Move::Part& part, bool forward) {
+  // mapped (`ahead`), or the other way round; on failure, as it was.
+  auto swap = [&](const Move::Part& part, bool ahead) {
     const std::vector<Piece*> from{part.from};
-    const std::vector<Piece*>& old = forward ? from : part.to;
-    const std::vector<Piece*>& fresh = forward ? part.to : from;
+    const std::vector<Piece*>& old = ahead ? from : part.to;
+    const std::vector<Piece*>& fresh = ahead ? part.to : from;
     auto unmap = [&](const std::vector<Piece*>& pieces, std::size_t count) {
       for (std::size_t i = 0, o = part.offset; i < count; o += pieces[i++]->memory.size()) {
         range.va.unmap(o, pieces[i]->memory.size());
@@ -140,7 +158,7 @@ CUresult VmmPool::carry_out(Move& move, CUstream stream, const std::function<Che
     auto map = [&](const std::vector<Piece*>& pieces, std::size_t* count) {
       CUresult result = CUDA_SUCCESS;
       for (std::size_t o = part.offset; *count < pieces.size(); o += pieces[(*count)++]->memory.size()) {
-        if ((result = range.va.map(o, pieces[*count]->memory, device)) != CUDA_SUCCESS) break;
+        if ((result = range.va.map(o, pieces[*count]->memory, move.device)) != CUDA_SUCCESS) break;
       }
       return result;
     };
@@ -154,49 +172,21 @@ CUresult VmmPool::carry_out(Move& move, CUstream stream, const std::function<Che
     }
     return result;
   };
-  // Every part remapped to its new chunks, or none.
-  auto remap = [&] {
-    for (std::size_t i = 0; i < move.parts.size(); ++i) {
-      if (CUresult result = swap(move.parts[i], true)) {
-        while (i--) swap(move.parts[i], false);
-        return result;
-      }
+  for (std::size_t i = 0; i < move.parts.size(); ++i) {
+    if (CUresult result = swap(move.parts[i], forward)) {
+      while (i--) swap(move.parts[i], !forward);
+      return result;
     }
-    return CUDA_SUCCESS;
-  };
-  auto copy = [&] {
-    CUresult result = CUDA_SUCCESS;
-    for (std::size_t i = 0; i < move.parts.size() && result == CUDA_SUCCESS; ++i) {
-      const CUdeviceptr in_range = range.va.base() + move.parts[i].offset;
-      const CUdeviceptr in_staging = staging.base() + at[i];
-      const std::size_t size = move.parts[i].from->memory.size();
-      result = move.to_host ? driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, size, stream)
-                            : driver_.cuMemcpyDtoDAsync_v2(in_staging, in_range, size, stream);
-    }
-    if (CUresult synced = driver_.cuStreamSynchronize(stream); result == CUDA_SUCCESS) result = synced;
-    return result;
-  };
-  auto check = [&] { return before_remap ? before_remap() : Check::go; };
-  {
-    Timer timer(move.driver_ns);
-    Check checked = Check::go;
-    if (status == CUDA_SUCCESS && move.to_host) {
-      checked = check();
-      if (checked != Check::cancel && (status = remap()) == CUDA_SUCCESS && (status = copy()) != CUDA_SUCCESS) {
-        for (const Move::Part& part : move.parts) swap(part, false);
-      }
-    } else if (status == CUDA_SUCCESS && (status = copy()) == CUDA_SUCCESS) {
-      checked = check();
-      if (checked == Check::copy_again) status = copy();
-      if (checked != Check::cancel && status == CUDA_SUCCESS) status = remap();
-    }
-    if (checked == Check::cancel && status == CUDA_SUCCESS) status = CUDA_ERROR_NOT_READY;
-    if (mapped) staging.unmap(0, mapped);
   }
-  return status;
+  return CUDA_SUCCESS;
 }
 
 void VmmPool::finish_move(Move& move, bool done) {
+  if (move.staged) {
+    Timer timer(move.driver_ns);
+    move.staging.unmap(0, move.staged);
+    move.staged = 0;
+  }
   std::lock_guard lock(mutex_);
   Range& range = *move.range;
   Book& b = books_[move.device];
@@ -237,7 +227,8 @@ void VmmPool::finish_move(Move& move, bool done) {
 std::size_t VmmPool::move_in(CUdeviceptr base) {
   Move move;
   if (!plan_move(base, false, &move)) return 0;
-  const bool done = carry_out(move, nullptr, {}) == CUDA_SUCCESS;
+  const bool done = stage(move) == CUDA_SUCCESS && copy(move, nullptr) == CUDA_SUCCESS &&
+                    driver_.cuStreamSynchronize(nullptr) == CUDA_SUCCESS && remap(move) == CUDA_SUCCESS;
   finish_move(move, done);
   return done ? move.bytes : 0;
 }
