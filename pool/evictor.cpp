@@ -34,15 +34,18 @@ void Evictor::make_room(int device, std::size_t size) {
   wanted = std::max(wanted, size);
   stuck_[device] = false;
   const uint64_t last_look = looks_ + settings_.wait_looks;
+  bool room = false;
   while (!stuck_[device] && looks_ < last_look && now_ns() < deadline) {
     looked_.wait_for(lock, period);
     lock.unlock();
-    const bool room = vmm_.device_room(device) >= size;
+    room = vmm_.device_room(device) >= size;
     lock.lock();
     if (room) break;
   }
   wanted = 0;
   ++work_.waits;
+  work_.waits_stuck += !room && stuck_[device];
+  work_.waits_expired += !room && !stuck_[device];
   work_.wait_ns += uint64_t(now_ns() - start);
 }
 
@@ -246,7 +249,9 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     status[i] = vmm_.copy(moves[i], lane->stream);
     if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventRecord(lane->events[i], lane->stream);
   };
+  uint64_t copy_wait_ns = 0, driver_ns = 0;
   auto copied = [&](std::size_t i) {
+    Timer timer(copy_wait_ns);
     if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventSynchronize(lane->events[i]);
   };
   std::vector<CUdeviceptr> out;
@@ -265,6 +270,7 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     table_.set_moving(record, false);
     table_.set_watched(record, false);
     vmm_.finish_move(m, done);
+    driver_ns += m.driver_ns;
     if (!done) return;
     out.push_back(m.base);
     if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
@@ -348,7 +354,11 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
   work_.unsynced += quiet && synced;
   work_.resynced += resynced;
   work_.sync_ns += uint64_t(synced_at - start);
-  work_.move_ns += uint64_t(now_ns() - synced_at);
+  const uint64_t move_ns = uint64_t(now_ns() - synced_at);
+  work_.move_ns += move_ns;
+  work_.evict_ns += to_host ? move_ns : 0;
+  work_.driver_ns += driver_ns;
+  work_.copy_wait_ns += copy_wait_ns;
   return out;
 }
 

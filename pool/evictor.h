@@ -106,7 +106,13 @@ class Evictor {
     uint64_t unsynced = 0;   // batches back to the device that needed no sync first
     uint64_t sync_ns = 0;    // waiting for the device before moving (the program going on)
     uint64_t move_ns = 0;    // copying and remapping
+    uint64_t evict_ns = 0;   // of move_ns, in batches to the host
+    uint64_t driver_ns = 0;  // of move_ns, in the driver's VMM calls and enqueuing copies
+    uint64_t copy_wait_ns = 0;  // of move_ns, waiting for the copies
     uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
+    // Of `waits`: those the evictor could not make room for (all it could
+    // move would not do), and those that ran out of looks or time.
+    uint64_t waits_stuck = 0, waits_expired = 0;
     uint64_t retries = 0;  // requests out of memory that waited for a batch to end (wait_moves)
   };
   Work work() const;

@@ -67,8 +67,10 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
            " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) +
            " unsynced=" + std::to_string(w.unsynced) +
            " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
-           " waits=" + std::to_string(w.waits) + " wait_us=" + std::to_string(w.wait_ns / 1000) +
-           " retries=" + std::to_string(w.retries) + "\n";
+           " evict_us=" + std::to_string(w.evict_ns / 1000) + " driver_us=" + std::to_string(w.driver_ns / 1000) +
+           " copy_wait_us=" + std::to_string(w.copy_wait_ns / 1000) + " waits=" + std::to_string(w.waits) +
+           " wait_us=" + std::to_string(w.wait_ns / 1000) + " waits_stuck=" + std::to_string(w.waits_stuck) +
+           " waits_expired=" + std::to_string(w.waits_expired) + " retries=" + std::to_string(w.retries) + "\n";
   }
   if (uses) out += uses->report();
   return out;
