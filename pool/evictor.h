@@ -23,17 +23,23 @@
 //     ranges coming back that no launch and no other call can have touched
 //     since their eviction ended (AccessRecord::launched, entries: the launch
 //     hooks count a launch before it leaves the gate).
-//  3. For each range: to the device, its content is copied into new device
-//     chunks on the evictor's stream. Then the gate closes to every call but
-//     launches, and the range is marked moving. A range touched since step 1
-//     stays where it is (its new chunks are freed). Where some other call was
-//     submitted since step 1, the context is synchronized again (that call
-//     may write the range; it runs on the device's queue while the gate is
-//     held) and, to the device, the content copied again. The range is
-//     remapped at the same addresses; to the host, its device chunks' content
-//     is then copied in (VmmPool::carry_out). The mark goes and the gate opens.
-// So the program waits only while a range is remapped (and, to the host,
-// copied), and only in calls other than launches or in launches of that range.
+//  3. To the device: every range's copy into new device chunks is enqueued
+//     on the evictor's stream at once. Each range in turn, once its own copy
+//     completed: the gate closes to every call but launches; where some other
+//     call was submitted since step 1, the context is synchronized again (that
+//     call may have written the range; it runs on the device's queue while
+//     the gate is held) and every range not yet remapped is copied again; the
+//     range is remapped at the same addresses, its mark goes and the gate
+//     opens.
+//  4. To the host: the gate closes to every call but launches once for the
+//     batch. A range touched since step 1 stays where it is; the others are
+//     marked moving. Where some other call was submitted since step 1, the
+//     context is synchronized again. Each range is remapped and its device
+//     chunks' content copied in, and the range before it ends (its copy
+//     waited for) while this one's copy runs. Then the gate opens.
+// So the program waits only while ranges are remapped (and, to the host,
+// copied), and only in calls other than launches or in launches of those
+// ranges.
 //
 // What the gate cannot see: pointers kept in device memory (pointer arrays a
 // kernel reads), and graph nodes added by hand, which a graph launch could use

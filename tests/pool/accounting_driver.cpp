@@ -83,7 +83,7 @@ CUresult synchronize() {
   for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
   return CUDA_SUCCESS;
 }
-// Copies move no bytes here: a move's (VmmPool::carry_out) are counted.
+// Copies move no bytes here: a move's (VmmPool::copy) are counted.
 CUresult copy(CUdeviceptr, CUdeviceptr, std::size_t bytes, CUstream) {
   accounts.copied += bytes;
   return CUDA_SUCCESS;
