@@ -8,7 +8,8 @@
 # in turn it runs
 #   python3 tests/gpu/spill_train.py --shim LIB --out $OUT/NAME-V SPILL_TRAIN_ARGS...
 # with stdout and stderr in $OUT/NAME-V.txt ($OUT: /tmp/gmem-ab if unset), and
-# prints the BENCH lines of each. First, unless one runs, it starts gmemd with
+# prints the BENCH lines of each (and the evictor's report line, with
+# report:1 and evict:1 in --conf). First, unless one runs, it starts gmemd with
 # a host pool of SIZE (100G by default; 0: no gmemd), as the jobs' host tier:
 # pinning 100G takes about a minute, paid once per machine. Exits non-zero if
 # any run failed. Example (a trace per run: %p is the job's pid):
@@ -62,7 +63,7 @@ for v in "${list[@]}"; do
   python3 tests/gpu/spill_train.py --shim "$(shim_of "$v")" --out "$out/$name-$v" "$@" >"$out/$name-$v.txt" 2>&1
   rc=$?
   echo "== $name-$v: rc $rc, $((SECONDS - started)) s ($out/$name-$v.txt)"
-  grep '^BENCH' "$out/$name-$v.txt"
+  grep -E '^BENCH|^gmem: report evictor' "$out/$name-$v.txt"
   [ $rc -eq 0 ] || { failed=1; tail -5 "$out/$name-$v.txt"; }
 done
 exit $failed

@@ -3,7 +3,8 @@
 # which travels to the GPU machine with the working tree: the shim, the test
 # programs that were built, and the benchmarks (into .carry/bench/). Strips each
 # copy where that makes it smaller, and prints the sizes. Keeps .carry/samples/
-# (cuda-samples built by hand; scripts/gpu-test.sh ipc-samples runs them).
+# (cuda-samples built by hand; scripts/gpu-test.sh ipc-samples runs them);
+# everything else in .carry/ goes, variants too: pack them after this.
 #   scripts/pack-gpu.sh [BUILD_DIR]     (default: build)
 # With --variant NAME, only the shim goes, into .carry/NAME/, beside what was
 # packed before: another build of it for scripts/gpu-ab.sh to compare (build
