@@ -190,5 +190,5 @@ EMU_API CUresult cuCtxSynchronize() {
   std::lock_guard lock(state().mutex);
   complete_events(all_streams);
   trim_pools();
-  return CUDA_SUCCESS;
+  return state().fault;
 }

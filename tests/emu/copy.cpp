@@ -3,7 +3,9 @@
 // the access the operation needs, or the call fails as the driver's would.
 // They run one at a time (`engine`): copies that touch the same memory from
 // two threads at once are the program's race on a GPU, where each byte is
-// still written whole, and not undefined behaviour in C++ as here.
+// still written whole, and not undefined behaviour in C++ as here. With
+// GMEM_EMU_LATE_COPIES=1, a copy on a stream the program created runs only at
+// a synchronization (run_late), against the mappings of that moment.
 #include <cstring>
 #include <mutex>
 
@@ -36,6 +38,17 @@ CUresult copy(CUdeviceptr dst, Side to, CUdeviceptr src, Side from, std::size_t 
     if (CUresult r = check(stream, caller)) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (!usable(dst, bytes, to, true) || !usable(src, bytes, from, false)) return CUDA_ERROR_INVALID_VALUE;
+    if (state().late_copies && capturable(stream) && !reinterpret_cast<Stream*>(stream)->capture) {
+      reinterpret_cast<Stream*>(stream)->late.push_back([=] {
+        if (!usable(dst, bytes, to, true) || !usable(src, bytes, from, false)) {
+          state().fault = CUDA_ERROR_ILLEGAL_ADDRESS;
+          return;
+        }
+        std::lock_guard running(engine);
+        std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+      });
+      return CUDA_SUCCESS;
+    }
   }
   std::lock_guard running(engine);
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
@@ -60,6 +73,14 @@ CUresult fill(CUdeviceptr dst, T value, std::size_t count, CUstream stream = nul
 CUdeviceptr address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 }  // namespace
+
+void run_late(CUstream stream) {
+  for (Stream* s : state().streams) {
+    if (stream != all_streams && reinterpret_cast<CUstream>(s) != stream) continue;
+    for (const std::function<void()>& copy : s->late) copy();
+    s->late.clear();
+  }
+}
 }  // namespace emu
 
 using namespace emu;

@@ -108,6 +108,7 @@ EMU_API CUresult cuInit(unsigned int flags) {
   s.host_total = parse_size("GMEM_EMU_HOST_MEMORY", env("GMEM_EMU_HOST_MEMORY"), SIZE_MAX);
   s.pin_ms = std::atoi(env("GMEM_EMU_PIN_MS").c_str());
   s.sync_ms = std::atoi(env("GMEM_EMU_SYNC_MS").c_str());
+  s.late_copies = env("GMEM_EMU_LATE_COPIES") == "1";
   s.device_chunk_max = parse_size("GMEM_EMU_DEVICE_CHUNK_MAX", env("GMEM_EMU_DEVICE_CHUNK_MAX"), SIZE_MAX);
   s.devices.resize(static_cast<std::size_t>(devices));
   for (std::size_t i = 0; i < s.devices.size(); ++i) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -83,6 +84,8 @@ struct Stream {
   CUgraph graph = nullptr;   // what that capture records into
   bool global = false;       // that capture's mode is CU_STREAM_CAPTURE_MODE_GLOBAL
   bool invalidated = false;  // that capture met a call it does not allow
+  // GMEM_EMU_LATE_COPIES=1: its copies, enqueued and not yet run (run_late).
+  std::vector<std::function<void()>> late = {};
 };
 
 struct Event {
@@ -91,6 +94,7 @@ struct Event {
   std::chrono::steady_clock::time_point when{};
   CUstream stream = nullptr;  // held: recorded on it, not complete until it is synchronized
   uint64_t order = 0;         // held: events recorded before on the same stream have lower ones
+  CUstream on = nullptr;      // the stream it was last recorded on
 };
 
 struct Device {
@@ -135,6 +139,13 @@ struct State {
   // take this long first, as on a device with a deep queue of work (others go
   // on meanwhile); what was queued took effect when it was submitted.
   int sync_ms = 0;
+  // GMEM_EMU_LATE_COPIES=1: a copy on a stream the program created runs only
+  // once that stream, an event recorded on it or the context is synchronized
+  // (or queried), as a GPU may run it that late. Where its memory is no longer
+  // mapped then, the context faults: `fault` (CUDA_ERROR_ILLEGAL_ADDRESS) is
+  // what every synchronization returns from then on.
+  bool late_copies = false;
+  CUresult fault = CUDA_SUCCESS;
   // GMEM_EMU_DEVICE_CHUNK_MAX (default: no limit): a larger device chunk is
   // out of memory, as on an H100 that refuses one chunk of all its free memory.
   std::size_t device_chunk_max = SIZE_MAX;
@@ -144,10 +155,13 @@ struct State {
 
 State& state();
 
-// The work queued on `stream` completes (held events complete); under the
-// state mutex. all_streams: every stream's.
+// The work queued on `stream` completes (held events complete, late copies
+// run); under the state mutex. all_streams: every stream's.
 inline const CUstream all_streams = reinterpret_cast<CUstream>(~std::uintptr_t{0});
 void complete_events(CUstream stream);
+// The late copies (GMEM_EMU_LATE_COPIES) of `stream` run; under the state
+// mutex. all_streams: every stream's.
+void run_late(CUstream stream);
 // A synchronization's wait for the device's queue: GMEM_EMU_SYNC_MS, with no
 // lock held (others go on meanwhile).
 void wait_for_queue();

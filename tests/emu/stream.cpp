@@ -1,6 +1,7 @@
 // Streams and events of the emulator. Work runs when it is enqueued, so every
 // stream is idle, stream order holds trivially, and an event completes when it
-// is recorded, unless GMEM_EMU_HOLD_EVENTS=1 holds it until a synchronization.
+// is recorded, unless GMEM_EMU_HOLD_EVENTS=1 holds it until a synchronization
+// (and GMEM_EMU_LATE_COPIES=1 holds copies on created streams: tests/emu/copy.cpp).
 // Handles are checked, as the driver checks them.
 #include <chrono>
 #include <thread>
@@ -15,6 +16,7 @@ bool valid_stream(CUstream stream) {
 }
 
 void complete_events(CUstream stream) {
+  run_late(stream);
   for (Event* e : state().events) {
     if (stream == all_streams || e->stream == (stream ? stream : CU_STREAM_LEGACY)) e->stream = nullptr;
   }
@@ -65,7 +67,9 @@ EMU_API CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
 EMU_API CUresult cuStreamDestroy_v2(CUstream stream) {
   if (CUresult r = context_check()) return r;
   std::lock_guard lock(state().mutex);
-  if (!stream || !state().streams.erase(reinterpret_cast<Stream*>(stream))) return CUDA_ERROR_INVALID_HANDLE;
+  if (!stream || !state().streams.count(reinterpret_cast<Stream*>(stream))) return CUDA_ERROR_INVALID_HANDLE;
+  run_late(stream);
+  state().streams.erase(reinterpret_cast<Stream*>(stream));
   delete reinterpret_cast<Stream*>(stream);
   return CUDA_SUCCESS;
 }
@@ -76,12 +80,13 @@ EMU_API CUresult cuStreamSynchronize(CUstream stream) {
   if (CUresult r = stream_check(stream, __func__)) return r;
   complete_events(stream);
   trim_pools();
-  return CUDA_SUCCESS;
+  return state().fault;
 }
 
 EMU_API CUresult cuStreamQuery(CUstream stream) {
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
+  run_late(stream);
   // As the driver: no stream may be queried while a capture in the global
   // mode runs (nor the capturing one in any mode), and the capture is lost.
   CUresult status = CUDA_SUCCESS;
@@ -98,6 +103,7 @@ EMU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int 
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
   if (!find_event(event)) return CUDA_ERROR_INVALID_HANDLE;
+  run_late(find_event(event)->on);
   return flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
@@ -168,6 +174,7 @@ EMU_API CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned
   e->when = std::chrono::steady_clock::now();
   e->stream = state().hold_events ? (stream ? stream : CU_STREAM_LEGACY) : nullptr;
   e->order = ++state().events_recorded;
+  e->on = stream;
   return CUDA_SUCCESS;
 }
 
@@ -179,6 +186,7 @@ EMU_API CUresult cuEventQuery(CUevent event) {
   std::lock_guard lock(state().mutex);
   Event* e = find_event(event);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  run_late(e->on);
   return e->stream ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
@@ -192,8 +200,9 @@ EMU_API CUresult cuEventSynchronize(CUevent event) {
     if (other != e && e->stream && other->stream == e->stream && other->order < e->order) other->stream = nullptr;
   }
   e->stream = nullptr;
+  run_late(e->on);
   trim_pools();
-  return CUDA_SUCCESS;
+  return state().fault;
 }
 
 EMU_API CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent start, CUevent end) {

@@ -12,7 +12,7 @@
 //   Move.*      peer_budget:0,host_budget:48M,host_prepare:0,migrate_after_ms:50
 //               and peer_reserve:8M,host_budget:0,migrate_after_ms:50
 //   Evict.*     peer_budget:0,host_budget:512M,host_prepare:0,migrate_after_ms:50,evict:1
-//               with GMEM_EMU_DEVICE_MEMORY=256M,32M
+//               with GMEM_EMU_DEVICE_MEMORY=256M,32M and GMEM_EMU_LATE_COPIES=1
 //   EvictSlowSync.*, Evict.CopiesRunning* as Evict but migrate_after_ms:5000, with GMEM_EMU_SYNC_MS=300
 //               (EvictSlowSync.ARequestShort* in a process of its own)
 //   Exit.*      with Spill, with Prepare and with Move
@@ -904,6 +904,27 @@ TEST_F(Evict, TheOldestIdleAllocationMovesOffAndBackWithItsData) {
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
   EXPECT_TRUE(on_device_0(a + 92 * mib));
   check(a, 96 * mib, 1);
+}
+
+// The premise of the evict runs (GMEM_EMU_LATE_COPIES=1): a copy on a stream
+// of the program's runs only once something waits for it, as a GPU may run it
+// that late, so a move that does not wait for its copies is seen.
+TEST_F(Evict, ACopyOnAStreamRunsOnlyWhenWaitedFor) {
+  CUdeviceptr a = alloc(mib);
+  CUdeviceptr b = alloc(mib);
+  fill(a, mib, 1);
+  fill(b, mib, 2);
+  CUstream stream = nullptr;
+  CUevent copied = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&copied, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyDtoDAsync_v2(b, a, mib, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventRecord(copied, stream), CUDA_SUCCESS);
+  check(b, mib, 2);
+  EXPECT_EQ(cuEventSynchronize(copied), CUDA_SUCCESS);
+  check(b, mib, 1);
+  EXPECT_EQ(cuEventDestroy_v2(copied), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
 }
 
 // Once the device spills, a request the device lacks room for waits while the
