@@ -16,7 +16,7 @@ Evictor::Work Evictor::work() const {
 }
 
 void Evictor::look() {
-  if (settings_.capturing && settings_.capturing()) return;
+  if (capturing()) return;
   for (int device : vmm_.devices()) look(device, devices_[device]);
   {
     std::lock_guard lock(mutex_);
@@ -179,6 +179,20 @@ Evictor::Lane* Evictor::lane_of(CUcontext context, std::size_t events) {
   return &lane;
 }
 
+// A batch of moves under way, one way.
+struct Evictor::Batch {
+  DeviceState& state;
+  bool to_host = false;
+  std::vector<VmmPool::Move> moves = {};
+  std::vector<AccessRecord*> records = {};
+  std::vector<CUresult> status = {};  // each move's so far
+  Lane* lane = nullptr;
+  uint64_t entries = 0;  // Submissions::entries when the ranges were marked (or synchronized since)
+  std::vector<CUdeviceptr> out = {};  // the ranges moved
+  std::vector<Block> blocks = {};     // their allocations
+  uint64_t cancelled = 0, resynced = 0, copy_wait_ns = 0, driver_ns = 0;
+};
+
 std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
                                        bool to_host) {
   // Current while the moves are planned too: the device's free memory
@@ -188,8 +202,7 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     std::lock_guard lock(mutex_);
     moving_ = true;  // from the first chunk a plan makes
   }
-  std::vector<VmmPool::Move> moves;
-  std::vector<AccessRecord*> records;
+  Batch batch{state, to_host};
   for (CUdeviceptr base : bases) {
     VmmPool::Move m;
     if (!vmm_.plan_move(base, to_host, &m)) continue;
@@ -198,8 +211,8 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
       vmm_.finish_move(m, false);
       continue;
     }
-    moves.push_back(std::move(m));
-    records.push_back(record);
+    batch.moves.push_back(std::move(m));
+    batch.records.push_back(record);
   }
   auto pop = [&] {
     CUcontext popped = nullptr;
@@ -208,158 +221,164 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     moving_ = false;
     moved_.notify_all();
   };
-  if (moves.empty()) {
+  if (batch.moves.empty()) {
     pop();
     return {};
   }
   Submissions& gate = *settings_.submissions;
-  auto capturing = [&] { return settings_.capturing && settings_.capturing(); };
   const int64_t start = now_ns();
   // Marked from a point no submitting call straddles: from then on a launch
   // that references a range touches it (to the host) or waits for it (to the
   // device), and any other call changes `entries`.
-  uint64_t entries = 0;
   bool quiet = !to_host;  // no launch or other call since each range was evicted
   const bool watching = gate.begin_moves([&] {
-    entries = gate.entries();
-    for (std::size_t i = 0; i < moves.size(); ++i) {
-      AccessRecord& r = *records[i];
+    batch.entries = gate.entries();
+    for (std::size_t i = 0; i < batch.moves.size(); ++i) {
+      AccessRecord& r = *batch.records[i];
       to_host ? table_.set_watched(r, true) : table_.set_moving(r, true);
-      auto ended = state.ended.find(moves[i].base);
+      auto ended = state.ended.find(batch.moves[i].base);
       quiet = quiet && ended != state.ended.end() && ended->second.launched == r.launched() &&
-              ended->second.entries == entries;
+              ended->second.entries == batch.entries;
     }
   });
   if (watching) gate.end_moves();
   // Work submitted before that point completes; the program's goes on
   // meanwhile (not while a capture runs: a sync would break it). Ranges
   // untouched since their eviction ended have no such work.
-  const bool synced =
-      watching && !capturing() && (quiet || driver_.cuCtxSynchronize() == CUDA_SUCCESS);
+  const bool synced = watching && !capturing() && (quiet || driver_.cuCtxSynchronize() == CUDA_SUCCESS);
   const int64_t synced_at = now_ns();
-  Lane* lane = synced ? lane_of(context, moves.size()) : nullptr;
-  const std::size_t n = moves.size();
-  std::vector<CUresult> status(n, lane ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (status[i] == CUDA_SUCCESS) status[i] = vmm_.stage(moves[i]);
+  batch.lane = synced ? lane_of(context, batch.moves.size()) : nullptr;
+  batch.status.assign(batch.moves.size(), batch.lane ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+  for (std::size_t i = 0; i < batch.moves.size(); ++i) {
+    if (batch.status[i] == CUDA_SUCCESS) batch.status[i] = vmm_.stage(batch.moves[i]);
   }
-  // Enqueues the copy of move i, then its event.
-  auto copy = [&](std::size_t i) {
-    if (status[i] != CUDA_SUCCESS) return;
-    status[i] = vmm_.copy(moves[i], lane->stream);
-    if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventRecord(lane->events[i], lane->stream);
-  };
-  uint64_t copy_wait_ns = 0, driver_ns = 0;
-  auto copied = [&](std::size_t i) {
-    Timer timer(copy_wait_ns);
-    if (status[i] == CUDA_SUCCESS) status[i] = driver_.cuEventSynchronize(lane->events[i]);
-  };
-  std::vector<CUdeviceptr> out;
-  std::vector<Block> blocks;
-  uint64_t cancelled = 0, resynced = 0;
-  // Move i ends: the range stays marked until here.
-  auto settle = [&](std::size_t i) {
-    VmmPool::Move& m = moves[i];
-    AccessRecord& record = *records[i];
-    const bool done = status[i] == CUDA_SUCCESS;
-    if (done && to_host) {
-      state.ended[m.base] = {record.launched(), gate.entries()};  // the gate still closed
-    } else if (done) {
-      state.ended.erase(m.base);
-    }
-    table_.set_moving(record, false);
-    table_.set_watched(record, false);
-    vmm_.finish_move(m, done);
-    driver_ns += m.driver_ns;
-    if (!done) return;
-    out.push_back(m.base);
-    if (std::optional<Block> block = vmm_.find(m.base); block && block->size) blocks.push_back(*block);
-  };
-  if (to_host) {
-    // One closure of the gate to all but launches for the batch: a range
-    // touched since it was watched stays where it is; the others are marked
-    // moving (a launch that references one waits for it). Where another call
-    // was submitted since, the device is synchronized (that call may write a
-    // range) before the remaps. Each range is remapped and its content copied
-    // in while the next one is remapped.
-    const bool closed = lane && gate.begin_moves([&] {
-      for (std::size_t i = 0; i < n; ++i) {
-        if (status[i] == CUDA_SUCCESS && records[i]->touched()) {
-          status[i] = CUDA_ERROR_NOT_READY;
-          ++cancelled;
-        }
-        if (status[i] == CUDA_SUCCESS) table_.set_moving(*records[i], true);
-      }
-    });
-    bool go = closed && !capturing();
-    if (go && gate.entries() != entries) {
-      ++resynced;
-      go = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
-    }
-    std::vector<bool> remapped(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      cancelled += !go && status[i] == CUDA_SUCCESS;
-      if (!go) status[i] = CUDA_ERROR_NOT_READY;
-    }
-    // Move i's copy has completed, or its range goes back to its device chunks.
-    auto end = [&](std::size_t i) {
-      copied(i);
-      if (remapped[i] && status[i] != CUDA_SUCCESS) vmm_.remap(moves[i], false);
-      settle(i);
-    };
-    for (std::size_t i = 0; i < n; ++i) {
-      if (status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(moves[i])) == CUDA_SUCCESS;
-      copy(i);
-      if (i) end(i - 1);
-    }
-    end(n - 1);
-    if (closed) gate.end_moves();
-  } else {
-    // Every copy at once; each range is remapped once its own completed,
-    // while the later ones copy. The gate closes to all but launches around
-    // each remap. Where another call was submitted since the ranges were
-    // marked, the device is synchronized (it may have written a range while
-    // it was copied) and the ranges not yet remapped are copied again.
-    for (std::size_t i = 0; i < n; ++i) copy(i);
-    for (std::size_t i = 0; i < n; ++i) {
-      copied(i);
-      const bool closed = status[i] == CUDA_SUCCESS && gate.begin_moves([] {});
-      if (status[i] == CUDA_SUCCESS && (!closed || capturing())) {
-        status[i] = CUDA_ERROR_NOT_READY;
-        ++cancelled;
-      }
-      if (status[i] == CUDA_SUCCESS && gate.entries() != entries) {
-        ++resynced;
-        if ((status[i] = driver_.cuCtxSynchronize()) == CUDA_SUCCESS) {
-          entries = gate.entries();
-          for (std::size_t j = i; j < n; ++j) copy(j);
-          copied(i);
-        }
-      }
-      if (status[i] == CUDA_SUCCESS) status[i] = vmm_.remap(moves[i]);
-      settle(i);
-      if (closed) gate.end_moves();
-    }
-  }
+  to_host ? carry_to_host(batch) : carry_to_device(batch);
   pop();
-  if (!blocks.empty() && settings_.moved) settings_.moved(blocks);
+  if (!batch.blocks.empty() && settings_.moved) settings_.moved(batch.blocks);
   std::lock_guard lock(mutex_);
-  if (out.size() == moves.size()) {
+  if (batch.out.size() == batch.moves.size()) {
     ++work_.rounds;
   } else {
     ++work_.abandoned;
   }
-  (to_host ? work_.evictions : work_.prefetches) += out.size();
-  work_.cancelled += cancelled;
+  (to_host ? work_.evictions : work_.prefetches) += batch.out.size();
+  work_.cancelled += batch.cancelled;
   work_.unsynced += quiet && synced;
-  work_.resynced += resynced;
+  work_.resynced += batch.resynced;
   work_.sync_ns += uint64_t(synced_at - start);
   const uint64_t move_ns = uint64_t(now_ns() - synced_at);
   work_.move_ns += move_ns;
   work_.evict_ns += to_host ? move_ns : 0;
-  work_.driver_ns += driver_ns;
-  work_.copy_wait_ns += copy_wait_ns;
-  return out;
+  work_.driver_ns += batch.driver_ns;
+  work_.copy_wait_ns += batch.copy_wait_ns;
+  return batch.out;
+}
+
+bool Evictor::capturing() const { return settings_.capturing && settings_.capturing(); }
+
+void Evictor::copy(Batch& batch, std::size_t i) {
+  CUresult& status = batch.status[i];
+  if (status == CUDA_SUCCESS) status = vmm_.copy(batch.moves[i], batch.lane->stream);
+  if (status == CUDA_SUCCESS) status = driver_.cuEventRecord(batch.lane->events[i], batch.lane->stream);
+}
+
+void Evictor::copied(Batch& batch, std::size_t i) {
+  Timer timer(batch.copy_wait_ns);
+  if (batch.status[i] == CUDA_SUCCESS) batch.status[i] = driver_.cuEventSynchronize(batch.lane->events[i]);
+}
+
+void Evictor::settle(Batch& batch, std::size_t i) {
+  VmmPool::Move& m = batch.moves[i];
+  AccessRecord& record = *batch.records[i];
+  const bool done = batch.status[i] == CUDA_SUCCESS;
+  if (done && batch.to_host) {
+    batch.state.ended[m.base] = {record.launched(), settings_.submissions->entries()};  // the gate still closed
+  } else if (done) {
+    batch.state.ended.erase(m.base);
+  }
+  table_.set_moving(record, false);
+  table_.set_watched(record, false);
+  vmm_.finish_move(m, done);
+  batch.driver_ns += m.driver_ns;
+  if (!done) return;
+  batch.out.push_back(m.base);
+  if (std::optional<Block> block = vmm_.find(m.base); block && block->size) batch.blocks.push_back(*block);
+}
+
+void Evictor::carry_to_host(Batch& batch) {
+  Submissions& gate = *settings_.submissions;
+  const std::size_t n = batch.moves.size();
+  std::vector<CUresult>& status = batch.status;
+  // One closure of the gate to all but launches for the batch: a range
+  // touched since it was watched stays where it is; the others are marked
+  // moving (a launch that references one waits for it). Where another call
+  // was submitted since, the device is synchronized (that call may write a
+  // range) before the remaps.
+  const bool closed = batch.lane && gate.begin_moves([&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (status[i] == CUDA_SUCCESS && batch.records[i]->touched()) {
+        status[i] = CUDA_ERROR_NOT_READY;
+        ++batch.cancelled;
+      }
+      if (status[i] == CUDA_SUCCESS) table_.set_moving(*batch.records[i], true);
+    }
+  });
+  bool go = closed && !capturing();
+  if (go && gate.entries() != batch.entries) {
+    ++batch.resynced;
+    go = driver_.cuCtxSynchronize() == CUDA_SUCCESS;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    batch.cancelled += !go && status[i] == CUDA_SUCCESS;
+    if (!go) status[i] = CUDA_ERROR_NOT_READY;
+  }
+  // Each range is remapped and its content copied in; the range before it
+  // ends (its copy completed, or it goes back to its device chunks) while
+  // this one copies.
+  std::vector<bool> remapped(n);
+  auto end = [&](std::size_t i) {
+    copied(batch, i);
+    if (remapped[i] && status[i] != CUDA_SUCCESS) vmm_.remap(batch.moves[i], false);
+    settle(batch, i);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(batch.moves[i])) == CUDA_SUCCESS;
+    copy(batch, i);
+    if (i) end(i - 1);
+  }
+  end(n - 1);
+  if (closed) gate.end_moves();
+}
+
+void Evictor::carry_to_device(Batch& batch) {
+  Submissions& gate = *settings_.submissions;
+  const std::size_t n = batch.moves.size();
+  CUresult* status = batch.status.data();
+  // Every copy at once; each range is remapped once its own completed, while
+  // the later ones copy. The gate closes to all but launches around each
+  // remap. Where another call was submitted since the ranges were marked, the
+  // device is synchronized (it may have written a range while it was copied)
+  // and the ranges not yet remapped are copied again.
+  for (std::size_t i = 0; i < n; ++i) copy(batch, i);
+  for (std::size_t i = 0; i < n; ++i) {
+    copied(batch, i);
+    const bool closed = status[i] == CUDA_SUCCESS && gate.begin_moves([] {});
+    if (status[i] == CUDA_SUCCESS && (!closed || capturing())) {
+      status[i] = CUDA_ERROR_NOT_READY;
+      ++batch.cancelled;
+    }
+    if (status[i] == CUDA_SUCCESS && gate.entries() != batch.entries) {
+      ++batch.resynced;
+      if ((status[i] = driver_.cuCtxSynchronize()) == CUDA_SUCCESS) {
+        batch.entries = gate.entries();
+        for (std::size_t j = i; j < n; ++j) copy(batch, j);
+        copied(batch, i);
+      }
+    }
+    if (status[i] == CUDA_SUCCESS) status[i] = vmm_.remap(batch.moves[i]);
+    settle(batch, i);
+    if (closed) gate.end_moves();
+  }
 }
 
 }  // namespace gmem::pool

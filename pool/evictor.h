@@ -150,6 +150,16 @@ class Evictor {
   // to the host or back; the ones moved.
   std::vector<CUdeviceptr> move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
                                 bool to_host);
+  // A batch's moves, marked and staged, carried out one way or the other
+  // (the steps in the comment at the top).
+  struct Batch;
+  void carry_to_host(Batch& batch);
+  void carry_to_device(Batch& batch);
+  // Move i of `batch`: its copy enqueued with its event, waited for, and its end.
+  void copy(Batch& batch, std::size_t i);
+  void copied(Batch& batch, std::size_t i);
+  void settle(Batch& batch, std::size_t i);
+  bool capturing() const;  // a stream capture is under way: nothing moves
   // The evictor's own stream of `context`, and events of it for a batch's
   // moves (at least `events`); null if they cannot be made.
   struct Lane {
