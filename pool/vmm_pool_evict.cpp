@@ -145,11 +145,11 @@ CUresult VmmPool::remap(Move& move, bool forward) {
   Timer timer(move.driver_ns);
   Range& range = *move.range;
   // A part's address range: its `from` chunk unmapped and its `to` chunks
-  // mapped (`ahead`), or the other way round; on failure, as it was.
-  auto swap = [&](const Move::Part& part, bool ahead) {
+  // mapped (`onward`), or the other way round; on failure, as it was.
+  auto swap = [&](const Move::Part& part, bool onward) {
     const std::vector<Piece*> from{part.from};
-    const std::vector<Piece*>& old = ahead ? from : part.to;
-    const std::vector<Piece*>& fresh = ahead ? part.to : from;
+    const std::vector<Piece*>& old = onward ? from : part.to;
+    const std::vector<Piece*>& fresh = onward ? part.to : from;
     auto unmap = [&](const std::vector<Piece*>& pieces, std::size_t count) {
       for (std::size_t i = 0, o = part.offset; i < count; o += pieces[i++]->memory.size()) {
         range.va.unmap(o, pieces[i]->memory.size());
