@@ -1062,8 +1062,10 @@ TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
   fill(a, 96 * mib, 5);
-  // Idle for many looks between launches: the evictor chooses it, the oldest.
+  // Idle for many looks between launches: the evictor chooses it, the only
+  // one idle on the device (b is launched at every look).
   Launcher user(ctx_, a, std::chrono::milliseconds(50));
+  Launcher busy(ctx_, b, std::chrono::microseconds(500));
   CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
   uint64_t most = 0;
   for (int i = 0; i < 150; ++i) {
@@ -1071,6 +1073,8 @@ TEST_F(EvictSlowSync, ALaunchWhileTheMoveWaitsKeepsTheRangeOnTheDevice) {
     usleep(10 * 1000);
   }
   user.stop();
+  busy.stop();
+  EXPECT_EQ(busy.failed(), 0);
   EXPECT_EQ(most, 0u) << "moved to the host while launched every 50 ms";
   EXPECT_EQ(user.failed(), 0);
   // A request short of room has the evictor look again.
