@@ -46,7 +46,9 @@ namespace gmem::gate {
 
 namespace {
 
-enum class Phase { open, stopping, holding, moving };
+// marking: between begin_moves and end_moves, closed to launches too while
+// mark_more waits for those in flight.
+enum class Phase { open, stopping, holding, moving, marking };
 
 std::mutex mutex;
 std::condition_variable opened;
@@ -76,7 +78,7 @@ void wait_until_open(bool launch) {
   std::unique_lock lock(mutex);
   const auto deadline = std::chrono::steady_clock::now() + patience;
   while (phase != Phase::open && !(launch && phase == Phase::moving)) {
-    if (phase == Phase::holding || phase == Phase::moving) {
+    if (phase == Phase::holding || phase == Phase::moving || phase == Phase::marking) {
       opened.wait(lock);
     } else if (opened.wait_until(lock, deadline) == std::cv_status::timeout && phase == Phase::stopping) {
       open_locked();
@@ -135,6 +137,28 @@ bool Submissions::begin_moves(const std::function<void()>& mark) {
   gmem_gate_closed.store(2);
   opened.notify_all();  // launches held meanwhile go on
   return true;
+}
+
+bool Submissions::mark_more(const std::function<void()>& mark) {
+  {
+    std::lock_guard lock(mutex);
+    if (phase != Phase::moving) return false;
+    phase = Phase::marking;
+    gmem_gate_closed.store(1);
+  }
+  // Only launches can be in flight: each leaves in a moment.
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  bool drained = true;
+  while (drained && gmem_gate_in_flight.load() != 0) {
+    drained = std::chrono::steady_clock::now() < deadline;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  std::lock_guard lock(mutex);
+  if (drained) mark();
+  phase = Phase::moving;
+  gmem_gate_closed.store(2);
+  opened.notify_all();
+  return drained;
 }
 
 void Submissions::end_moves() { resume(); }

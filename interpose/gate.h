@@ -34,6 +34,7 @@ class Submissions final : public pool::Submissions {
   bool hold() override;
   void resume() override;
   bool begin_moves(const std::function<void()>& mark) override;
+  bool mark_more(const std::function<void()>& mark) override;
   void end_moves() override;
   uint64_t entries() const override;
 };

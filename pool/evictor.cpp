@@ -309,20 +309,10 @@ void Evictor::carry_to_host(Batch& batch) {
   Submissions& gate = *settings_.submissions;
   const std::size_t n = batch.moves.size();
   std::vector<CUresult>& status = batch.status;
-  // One closure of the gate to all but launches for the batch: a range
-  // touched since it was watched stays where it is; the others are marked
-  // moving (a launch that references one waits for it). Where another call
-  // was submitted since, the device is synchronized (that call may write a
-  // range) before the remaps.
-  const bool closed = batch.lane && gate.begin_moves([&] {
-    for (std::size_t i = 0; i < n; ++i) {
-      if (status[i] == CUDA_SUCCESS && batch.records[i]->touched()) {
-        status[i] = CUDA_ERROR_NOT_READY;
-        ++batch.cancelled;
-      }
-      if (status[i] == CUDA_SUCCESS) table_.set_moving(*batch.records[i], true);
-    }
-  });
+  // One closure of the gate to all but launches for the batch. Where another
+  // call was submitted since the ranges were watched, the device is
+  // synchronized (that call may write a range) before the remaps.
+  const bool closed = batch.lane && gate.begin_moves([] {});
   bool go = closed && !capturing();
   if (go && gate.entries() != batch.entries) {
     ++batch.resynced;
@@ -332,9 +322,24 @@ void Evictor::carry_to_host(Batch& batch) {
     batch.cancelled += !go && status[i] == CUDA_SUCCESS;
     if (!go) status[i] = CUDA_ERROR_NOT_READY;
   }
-  // Each range is remapped and its content copied in; the range before it
-  // ends (its copy completed, or it goes back to its device chunks) while
-  // this one copies.
+  // Each range in turn is marked moving from a point no launch straddles (a
+  // launch that references it from then on waits for it; one that touched it
+  // since it was watched keeps it where it is), remapped and its content
+  // copied in; the range before it ends (its copy completed, or it goes back
+  // to its device chunks) while this one copies.
+  auto mark = [&](std::size_t i) {
+    if (status[i] != CUDA_SUCCESS) return;
+    AccessRecord& record = *batch.records[i];
+    bool touched = true;
+    if (gate.mark_more([&] {
+          touched = record.touched();
+          if (!touched) table_.set_moving(record, true);
+        }) && !touched) {
+      return;
+    }
+    status[i] = CUDA_ERROR_NOT_READY;
+    ++batch.cancelled;
+  };
   std::vector<bool> remapped(n);
   auto end = [&](std::size_t i) {
     copied(batch, i);
@@ -342,6 +347,7 @@ void Evictor::carry_to_host(Batch& batch) {
     settle(batch, i);
   };
   for (std::size_t i = 0; i < n; ++i) {
+    mark(i);
     if (status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(batch.moves[i])) == CUDA_SUCCESS;
     copy(batch, i);
     if (i) end(i - 1);

@@ -44,6 +44,10 @@ class Submissions {
   // pass (they wait for the ranges `mark` marked moving) until end_moves().
   // False if calls stayed in flight too long, or the gate is not open.
   virtual bool begin_moves(const std::function<void()>& mark) = 0;
+  // Between begin_moves and end_moves: once no launch is in flight (launches
+  // wait meanwhile), `mark` runs, then launches go on again. False, with
+  // nothing marked, if a launch stayed in flight too long.
+  virtual bool mark_more(const std::function<void()>& mark) = 0;
   virtual void end_moves() = 0;
   // Submitting calls other than kernel launches begun so far (each counted
   // again when it waited for the gate): where it has not changed since the

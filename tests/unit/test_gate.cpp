@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 namespace gmem::gate {
@@ -15,12 +16,13 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// A thread that makes one gated call once started: it holds a Pass for `hold`.
+// A thread that makes one gated call once started (a kernel launch with
+// `launch`): it holds a Pass for `hold`.
 class Caller {
  public:
-  explicit Caller(std::chrono::milliseconds hold = 0ms)
-      : thread_([this, hold] {
-          Pass pass;
+  explicit Caller(std::chrono::milliseconds hold = 0ms, bool launch = false)
+      : thread_([this, hold, launch] {
+          Pass pass(launch);
           passed_ = true;
           std::this_thread::sleep_for(hold);
         }) {}
@@ -99,6 +101,44 @@ TEST_F(Gate, ACallerHeldTooLongReopensAGateNotYetHeld) {
   }
   EXPECT_FALSE(gate_.hold());
   gate_.resume();
+}
+
+// While ranges move, launches pass and other calls wait; mark_more runs its
+// mark once the launches in flight have left, holding new ones meanwhile.
+TEST_F(Gate, MarkMoreRunsOnceNoLaunchIsInFlightAndHoldsNewOnes) {
+  ASSERT_TRUE(gate_.begin_moves([] {}));
+  Caller copy;
+  std::optional<Caller> later;
+  {
+    Caller launch(200ms, true);
+    while (!launch.passed()) std::this_thread::sleep_for(1ms);
+    const auto start = Clock::now();
+    long in_flight_at_mark = -1;
+    EXPECT_TRUE(gate_.mark_more([&] {
+      in_flight_at_mark = in_flight();
+      later.emplace(0ms, true);
+      std::this_thread::sleep_for(100ms);
+      EXPECT_FALSE(later->passed()) << "a launch passed while ranges were marked";
+    }));
+    EXPECT_GE(Clock::now() - start, 150ms);
+    EXPECT_EQ(in_flight_at_mark, 0);
+  }
+  for (int i = 0; i < 500 && !later->passed(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(later->passed()) << "launches stayed held after the mark";
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(copy.passed()) << "a call other than a launch passed while ranges move";
+  gate_.end_moves();
+  for (int i = 0; i < 500 && !copy.passed(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(copy.passed());
+}
+
+TEST_F(Gate, MarkMoreNeedsMovesUnderWay) {
+  bool marked = false;
+  EXPECT_FALSE(gate_.mark_more([&] { marked = true; }));
+  EXPECT_FALSE(marked);
+  Caller copy;
+  for (int i = 0; i < 500 && !copy.passed(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(copy.passed()) << "the gate closed";
 }
 
 }  // namespace
