@@ -12,7 +12,8 @@
 //
 // The evictor (pool/evictor.h) closes it only to calls other than kernel
 // launches while it moves ranges under live allocations: a launch waits only
-// if it references a moving range (pool/access.h).
+// if it references a moving range (pool/access.h), or for the moment the
+// evictor marks more ranges moving (mark_more).
 #pragma once
 
 #include <chrono>

@@ -32,11 +32,12 @@
 //     range is remapped at the same addresses, its mark goes and the gate
 //     opens.
 //  4. To the host: the gate closes to every call but launches once for the
-//     batch. A range touched since step 1 stays where it is; the others are
-//     marked moving. Where some other call was submitted since step 1, the
-//     context is synchronized again. Each range is remapped and its device
-//     chunks' content copied in, and the range before it ends (its copy
-//     waited for) while this one's copy runs. Then the gate opens.
+//     batch. Where some other call was submitted since step 1, the context
+//     is synchronized again. Each range in turn is marked moving from a point
+//     no launch straddles (Submissions::mark_more) unless a launch touched it
+//     since step 1 (it stays where it is), remapped, and its device chunks'
+//     content copied in; the range before it ends (its copy waited for) while
+//     this one's copy runs. Then the gate opens.
 // So the program waits only while ranges are remapped (and, to the host,
 // copied), and only in calls other than launches or in launches of those
 // ranges.
