@@ -49,9 +49,14 @@ void Evictor::make_room(int device, std::size_t size) {
   work_.wait_ns += uint64_t(now_ns() - start);
 }
 
-bool Evictor::wait_moves() {
+uint64_t Evictor::moves_ended() const {
+  std::lock_guard lock(mutex_);
+  return ended_;
+}
+
+bool Evictor::wait_moves(uint64_t since) {
   std::unique_lock lock(mutex_);
-  if (!moving_) return false;
+  if (!moving_ && ended_ == since) return false;
   ++work_.retries;
   moved_.wait_for(lock, settings_.wait, [&] { return !moving_; });
   return true;
@@ -219,6 +224,7 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     driver_.cuCtxPopCurrent_v2(&popped);
     std::lock_guard lock(mutex_);
     moving_ = false;
+    ++ended_;
     moved_.notify_all();
   };
   if (batch.moves.empty()) {
@@ -253,8 +259,10 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     if (batch.status[i] == CUDA_SUCCESS) batch.status[i] = vmm_.stage(batch.moves[i]);
   }
   to_host ? carry_to_host(batch) : carry_to_device(batch);
-  pop();
+  // Told before the batch ends: a request that waited for it (wait_moves)
+  // finds the placements as they are.
   if (!batch.blocks.empty() && settings_.moved) settings_.moved(batch.blocks);
+  pop();
   std::lock_guard lock(mutex_);
   if (batch.out.size() == batch.moves.size()) {
     ++work_.rounds;

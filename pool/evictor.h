@@ -99,9 +99,13 @@ class Evictor {
   // read the new allocation in device memory, and the evictor's copies move
   // the idle ones at the copy engines' pace.
   void make_room(int device, std::size_t size);
-  // Waits (up to Settings::wait) until no batch of moves is under way; whether
-  // one was (and so memory may have been freed since).
-  bool wait_moves();
+  // Batches of moves ended so far: read before a request is tried, for
+  // wait_moves.
+  uint64_t moves_ended() const;
+  // Waits (up to Settings::wait) until no batch of moves is under way;
+  // whether one was, or one ended since moves_ended() read `since` (so
+  // memory may have been freed since the request was tried).
+  bool wait_moves(uint64_t since);
   static constexpr std::chrono::milliseconds period{2};
 
   struct Work {
@@ -176,6 +180,7 @@ class Evictor {
   mutable std::mutex mutex_;  // work_, looks_, wanted_, stuck_, moving_
   std::condition_variable looked_, moved_;
   bool moving_ = false;  // a batch of moves is under way
+  uint64_t ended_ = 0;   // batches of moves ended
   uint64_t looks_ = 0;
   Work work_;
   // Per device: the largest request waiting in make_room, and whether the
