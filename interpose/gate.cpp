@@ -86,6 +86,16 @@ void wait_until_open(bool launch) {
   }
 }
 
+// Until no gated call is in flight; false if one stayed past `patience`.
+bool drained() {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (gmem_gate_in_flight.load() != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return true;
+}
+
 }  // namespace
 
 void turn_on() {
@@ -103,17 +113,10 @@ bool Submissions::stop() {
     phase = Phase::stopping;
     gmem_gate_closed.store(1);
   }
-  const auto deadline = std::chrono::steady_clock::now() + patience;
-  while (gmem_gate_in_flight.load() != 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::lock_guard lock(mutex);
-      if (phase == Phase::stopping) open_locked();
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  const bool none = drained();
   std::lock_guard lock(mutex);
-  return phase == Phase::stopping;  // else a held caller reopened it
+  if (!none && phase == Phase::stopping) open_locked();
+  return none && phase == Phase::stopping;  // else a held caller reopened it
 }
 
 bool Submissions::hold() {
@@ -147,18 +150,13 @@ bool Submissions::mark_more(const std::function<void()>& mark) {
     gmem_gate_closed.store(1);
   }
   // Only launches can be in flight: each leaves in a moment.
-  const auto deadline = std::chrono::steady_clock::now() + patience;
-  bool drained = true;
-  while (drained && gmem_gate_in_flight.load() != 0) {
-    drained = std::chrono::steady_clock::now() < deadline;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  const bool none = drained();
   std::lock_guard lock(mutex);
-  if (drained) mark();
+  if (none) mark();
   phase = Phase::moving;
   gmem_gate_closed.store(2);
   opened.notify_all();
-  return drained;
+  return none;
 }
 
 void Submissions::end_moves() { resume(); }
