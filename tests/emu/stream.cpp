@@ -102,8 +102,9 @@ EMU_API CUresult cuStreamQuery(CUstream stream) {
 EMU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   std::lock_guard lock(state().mutex);
   if (CUresult r = stream_check(stream, __func__)) return r;
-  if (!find_event(event)) return CUDA_ERROR_INVALID_HANDLE;
-  run_late(find_event(event)->on);
+  Event* e = find_event(event);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  run_late(e->on);
   return flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
