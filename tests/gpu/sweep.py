@@ -154,6 +154,12 @@ def step_sequence(job, size, i):
     return length, batch
 
 
+def progress(what, seconds):
+    """One line on stderr per step as it ends, so that a try cut off by its
+    time limit still shows how far it got (its log keeps stderr)."""
+    print(f"sweep: {what} {seconds * 1e3:.0f} ms", file=sys.stderr, flush=True)
+
+
 def child(args):
     """One try: builds the job at --size, runs --steps steps after --warmup
     steps, prints one JSON line; exits OOM_EXIT if it ran out of memory, and
@@ -181,6 +187,7 @@ def child(args):
             start = time.perf_counter()
             losses.append(step().item())
             warmup.append(time.perf_counter() - start)
+            progress("warmup", warmup[-1])
         times, host_access, pcie = [], [], []
         meter = open_meter()
         for _ in range(args.steps):
@@ -190,6 +197,7 @@ def child(args):
             start = time.perf_counter()
             losses.append(step().item())
             times.append(time.perf_counter() - start)
+            progress("step", times[-1])
             after = own_figures()
             if before and after:
                 host_access.append(after["host_access_bytes"] - before["host_access_bytes"])
@@ -305,8 +313,9 @@ def attempt(args, setting, size, deterministic=False):
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         code, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        code, out, err = None, "", f"timed out after {args.timeout} s"
+    except subprocess.TimeoutExpired as e:  # keep what the child said so far: its steps
+        partial = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        code, out, err = None, "", f"{partial}timed out after {args.timeout} s"
     with open(log, "w") as f:
         f.write(f"$ {prefix} {' '.join(cmd)}\n--- stdout\n{out}--- stderr\n{err}--- exit {code}\n")
     lines = [line for line in out.splitlines() if line.startswith("{")]
