@@ -180,14 +180,15 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
   refs.finish(pool.publisher());
 }
 
-// The first moving range (pool/evictor.h) a launch references; null if none.
-// The watched ranges it references before that are touched (their moves cancelled).
+// The first moving or parked range (pool/evictor.h) a launch references;
+// null if none. The watched ranges it references before that are touched
+// (their moves cancelled).
 const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& table, CUfunction f, void** params,
                                                  void** extra) {
   const gmem::pool::AccessRecord* found = nullptr;
   visit_words(f, params, extra, [&](uint64_t word) {
     gmem::pool::AccessRecord* r = found ? nullptr : table.find(word);
-    if (r && r->moving()) {
+    if (r && (r->moving() || r->parked())) {
       found = r;
     } else if (r && r->watched()) {
       r->touch();
@@ -216,24 +217,36 @@ void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfu
 // access table, where launches are tracked, before the call leaves the gate
 // (once the gate found no call in flight, every launch before is counted:
 // pool/evictor.h). A kernel launch (`launch`) passes the gate while ranges
-// move, and waits for the moving range `moving` finds among its references;
-// any other call waits for all moves to end.
+// move, and waits for the moving range `moving` finds among its references,
+// or has the parked one mapped first; any other call (a graph's) waits for
+// all moves to end, and has every parked range mapped first. Outside the
+// gate: the move may need it open. Inside it, nothing is parked anew (only a
+// batch to the host parks, while no call but launches is in flight, and a
+// launch only once mark_more found none in flight).
 template <typename Moving, typename Call, typename Counted>
 CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
   gmem::pool::Pool* pool = gmem::active_pool();  // resolves the driver on the first call
   gmem::pool::AccessTable* table = pool ? pool->access() : nullptr;
   while (true) {
     const gmem::pool::AccessRecord* wait_for = nullptr;
+    bool parked = false;
     {
       gmem::gate::Pass pass(launch);
       if (launch && table && table->any_marked()) wait_for = moving(*table);
-      if (!wait_for) {
+      parked = !launch && table && table->any_parked();
+      if (!wait_for && !parked) {
         const CUresult status = call();
         if (status == CUDA_SUCCESS && table) counted(*pool, *table);
         return status;
       }
     }
-    table->wait_unmoved(*wait_for);  // out of the gate: the move may need it open
+    if (parked) {
+      pool->unpark_all();
+    } else if (wait_for->moving()) {
+      table->wait_unmoved(*wait_for);
+    } else {
+      pool->unpark(wait_for->base(), 1);
+    }
   }
 }
 

@@ -167,7 +167,7 @@ void initialise() {
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
                                 rt->config.migrate_after_ms, moving ? &submissions : nullptr, rt->config.track_access,
                                 rt->config.place_by_use, rt->config.track_from / 100, rt->config.evict,
-                                rt->config.bring_in);
+                                rt->config.bring_in, rt->config.evict_park);
       if (use_vmm && rt->config.torch_retry) {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);

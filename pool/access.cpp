@@ -152,6 +152,13 @@ void AccessTable::set_watched(AccessRecord& record, bool watched) {
   marked_.fetch_add(watched ? 1 : -1);
 }
 
+void AccessTable::set_parked(AccessRecord& record, bool parked) {
+  std::lock_guard lock(moved_mutex_);
+  if (record.parked_.exchange(parked) == parked) return;
+  marked_.fetch_add(parked ? 1 : -1);
+  parked_.fetch_add(parked ? 1 : -1);
+}
+
 void AccessTable::wait_unmoved(const AccessRecord& record) {
   std::unique_lock lock(moved_mutex_);
   moved_.wait(lock, [&] { return !record.moving(); });

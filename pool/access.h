@@ -99,6 +99,9 @@ class AccessRecord {
   bool watched() const { return watched_.load(std::memory_order_acquire); }
   void touch() { touched_.store(true, std::memory_order_release); }
   bool touched() const { return touched_.load(std::memory_order_acquire); }
+  // Some of its memory is parked (VmmPool::park_evictions): not mapped at its
+  // addresses. A call that references it has it mapped first (Pool::unpark).
+  bool parked() const { return parked_.load(std::memory_order_acquire); }
 
  private:
   friend class AccessTable;
@@ -108,7 +111,7 @@ class AccessRecord {
   std::atomic<std::size_t> size_{0};
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
-  std::atomic<bool> moving_{false}, watched_{false}, touched_{false};
+  std::atomic<bool> moving_{false}, watched_{false}, touched_{false}, parked_{false};
   AccessTable* table_ = nullptr;
   uint32_t id_ = 0;  // dense: the index of its counts in each thread's
   Figures taken_;    // the sums when last taken (under the table's mutex)
@@ -162,6 +165,11 @@ class AccessTable {
   // Watched from now (untouched), or no longer.
   void set_watched(AccessRecord& record, bool watched);
   void wait_unmoved(const AccessRecord& record);
+  // Parked or no longer (under the pool's lock); while any record is, the
+  // launch hooks look at each launch's references too, and calls whose
+  // references the gate cannot tell have every parked range mapped first.
+  void set_parked(AccessRecord& record, bool parked);
+  bool any_parked() const { return parked_.load(std::memory_order_acquire) != 0; }
 
   // Records ever made (ids run from 0 to this, less one).
   uint32_t records() const { return made_.load(std::memory_order_acquire); }
@@ -216,7 +224,8 @@ class AccessTable {
   std::vector<AccessRecord*> free_;
   std::atomic<uint32_t> made_{0};
   std::atomic<bool> counting_;
-  std::atomic<int> marked_{0};  // marks of records: moving, watched
+  std::atomic<int> marked_{0};  // marks of records: moving, watched, parked
+  std::atomic<int> parked_{0};  // parked records
   std::mutex moved_mutex_;
   std::condition_variable moved_;
 };

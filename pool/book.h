@@ -41,6 +41,9 @@ struct Work {
   // Live allocations' bytes the evictor moved off the device and back while
   // the program ran (pool/evictor.h).
   uint64_t evicted_bytes = 0, prefetched_bytes = 0;
+  // Of evicted_bytes, those parked (VmmPool::park_evictions); and the ranges a
+  // call had mapped again where they were parked, with their parked bytes.
+  uint64_t parked_bytes = 0, unparks = 0, unparked_bytes = 0;
   // Chunks made by the tiers (a peer's, the host's) and given back, and the
   // time spent making them: pinning host memory costs about 1 s per 3 GB.
   uint64_t spilled_made = 0, spilled_released = 0, spill_ns = 0;

@@ -304,9 +304,10 @@ void Evictor::settle(Batch& batch, std::size_t i) {
   } else if (done) {
     batch.state.ended.erase(m.base);
   }
+  // The range as it ends up (parked, say) before a launch that waits for it goes on.
+  vmm_.finish_move(m, done);
   table_.set_moving(record, false);
   table_.set_watched(record, false);
-  vmm_.finish_move(m, done);
   batch.driver_ns += m.driver_ns;
   if (!done) return;
   batch.out.push_back(m.base);
@@ -348,15 +349,18 @@ void Evictor::carry_to_host(Batch& batch) {
     status[i] = CUDA_ERROR_NOT_READY;
     ++batch.cancelled;
   };
+  // Parking, the range is copied out first and unmapped once its copy completed.
+  const bool park = vmm_.parks();
   std::vector<bool> remapped(n);
   auto end = [&](std::size_t i) {
     copied(batch, i);
+    if (park && status[i] == CUDA_SUCCESS) status[i] = vmm_.remap(batch.moves[i]);
     if (remapped[i] && status[i] != CUDA_SUCCESS) vmm_.remap(batch.moves[i], false);
     settle(batch, i);
   };
   for (std::size_t i = 0; i < n; ++i) {
     mark(i);
-    if (status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(batch.moves[i])) == CUDA_SUCCESS;
+    if (!park && status[i] == CUDA_SUCCESS) remapped[i] = (status[i] = vmm_.remap(batch.moves[i])) == CUDA_SUCCESS;
     copy(batch, i);
     if (i) end(i - 1);
   }

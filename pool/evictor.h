@@ -37,7 +37,10 @@
 //     no launch straddles (Submissions::mark_more) unless a launch touched it
 //     since step 1 (it stays where it is), remapped, and its device chunks'
 //     content copied in; the range before it ends (its copy waited for) while
-//     this one's copy runs. Then the gate opens.
+//     this one's copy runs. Then the gate opens. Parking
+//     (VmmPool::park_evictions), a range's content is copied out first and
+//     its device chunks unmapped as it ends; a call that references it then
+//     has it mapped onto its host chunks first (VmmPool::unpark).
 // So the program waits only while ranges are remapped (and, to the host,
 // copied), and only in calls other than launches or in launches of those
 // ranges.

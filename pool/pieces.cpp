@@ -84,6 +84,7 @@ void Pieces::release(Piece& piece) {
   ++book.work.chunks_released;
   book.work.spilled_released += piece.spilled;
   Timer timer(book.work.driver_ns);
+  if (piece.home.base()) piece.home.unmap(0, piece.memory.size());
   devices_[device].pieces.erase(piece.self);  // the chunk goes back to the driver here
 }
 

@@ -42,6 +42,12 @@ struct Piece {
   FreePieces::iterator free_entry;  // while free
   FreePieces::node_type free_node;  // while not free: its entry, kept for the next (no allocation)
   std::list<Piece>::iterator self;
+  // Host chunks the evictor parks content in (VmmPool::park_evictions):
+  // mapped once at an address of their own, with the device's access, while
+  // the chunk lives; `parked` while its range holds it without mapping it at
+  // its addresses (the content is at `home`).
+  vmm::Reservation home;
+  bool parked = false;
 };
 
 class Pieces {

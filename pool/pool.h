@@ -78,7 +78,8 @@ class Pool {
   // (a fraction; 0: from the start) or it spills; with `place_by_use` too,
   // large allocations are placed by their use (pool/uses.h). With `evict`
   // too, and a mover, live allocations move off the device and back while it
-  // spills (pool/evictor.h). With `bring_in` (and track_access and a mover,
+  // spills (pool/evictor.h), parking what it evicts with `park`
+  // (VmmPool::park_evictions). With `bring_in` (and track_access and a mover,
   // without evict), a launch's large spilled references come onto the device
   // before it runs where the device has room for them (bring_in()): `tried`
   // needs place_by_use, whose steps it is timed by.
@@ -86,7 +87,7 @@ class Pool {
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
                 bool track_access = false, bool place_by_use = false, double track_from = 0, bool evict = false,
-                BringIn bring_in = BringIn::off)
+                BringIn bring_in = BringIn::off, bool park = false)
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
@@ -108,6 +109,7 @@ class Pool {
                                                                                                  : BringIn::off),
         ledger_(publisher_.get()) {
     if (mover_) vmm_->observe_spills(mover_.get());
+    if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
@@ -183,6 +185,15 @@ class Pool {
   // first (Mover::bring_in), so that the kernel reads and writes them at the
   // device's speed rather than across PCIe. The device pauses meanwhile.
   void bring_in(const std::vector<const AccessRecord*>& spilled);
+  // Parked memory (VmmPool::park_evictions) that a call is about to
+  // reference, mapped first: in the ranges overlapping [ptr, ptr + bytes),
+  // or everywhere (a call whose references are not known).
+  void unpark(CUdeviceptr ptr, std::size_t bytes) {
+    if (vmm_) vmm_->unpark(ptr, bytes);
+  }
+  void unpark_all() {
+    if (vmm_) vmm_->unpark_all();
+  }
   // Launches and placement of the large allocations (with track_access).
   const Uses& uses() const { return uses_; }
   const vmm::Driver& driver() const { return driver_; }

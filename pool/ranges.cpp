@@ -19,6 +19,10 @@ std::size_t Range::spilled_bytes() const {
   return bytes;
 }
 
+bool Range::parked() const {
+  return std::any_of(pieces.begin(), pieces.end(), [](const Piece* p) { return p->parked; });
+}
+
 CUcontext Range::context() const {
   for (const Block& b : blocks) {
     if (b.size && b.context) return b.context;

@@ -64,6 +64,8 @@ struct Range {
   bool spilled() const;
   // Its bytes off the device (in chunks the tiers made).
   std::size_t spilled_bytes() const;
+  // Some of its chunks are parked: held, not mapped at its addresses.
+  bool parked() const;
   // The context of its live allocations; null if none.
   CUcontext context() const;
   // The block that holds `ptr`, and whether a live allocation starts at `ptr`.

@@ -263,6 +263,7 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
   if (range.class_size) {
     slabs_.release(range, index, pending);
   } else {
+    unpark_locked(range);  // a free range is mapped whole
     recall_[range.device].freed(round_up(block.size, books_[range.device].granularity));
     range.live = 0;
     range.idle_in_life.clear();

@@ -208,13 +208,16 @@ class VmmPool {
   // The three steps of a planned move, with no lock held and the range's
   // context current (pool/evictor.h orders them; no submitted work may touch
   // the range from its copy to its remap). To the host, the range is remapped
-  // first and its content copied in; to the device, copied first, then
-  // remapped.
-  //  - stage: maps the device side of each part at an address of its own;
+  // first and its content copied in (parking: copied first, then unmapped);
+  // to the device, copied first, then remapped.
+  //  - stage: maps the device side of each part at an address of its own
+  //    (parking to the host: gives the host chunks their own mapping);
   //  - copy: enqueues the copy of the content on `stream` (the caller waits
-  //    for it): to the host from the device chunks into the range, to the
-  //    device from the range into the new chunks;
-  //  - remap: every part onto its new chunks (`forward`) or back, or none.
+  //    for it): to the host from the device chunks into the range (parking:
+  //    from the range into the host chunks' own addresses), to the device
+  //    from the range (or where it is parked) into the new chunks;
+  //  - remap: every part onto its new chunks (`forward`) or back, or none
+  //    (the parked side is never mapped at the range).
   CUresult stage(Move& move);
   CUresult copy(Move& move, CUstream stream);
   CUresult remap(Move& move, bool forward = true);
@@ -222,6 +225,19 @@ class VmmPool {
   // holds the new chunks and the old ones are free; else the new ones are.
   // The range is no longer moving.
   void finish_move(Move& move, bool done);
+  // Evictions park (evict_park; set once, before use): a range's content goes
+  // into host chunks mapped once at addresses of their own (Piece::home), and
+  // its device chunks are unmapped with nothing mapped in their place, so that
+  // no host chunk is given the device's access at each move (about 21 ms/GB
+  // beside copies: docs/eviction.md). A call that references a parked range
+  // has it mapped onto its host chunks first (unpark), as an eviction without
+  // parking leaves it; a move back copies from the host chunks' own addresses.
+  void park_evictions() { park_ = true; }
+  bool parks() const { return park_; }
+  // The parked ranges overlapping [ptr, ptr + bytes) mapped onto their host
+  // chunks (after any move of theirs ends); unpark_all(): every parked range.
+  void unpark(CUdeviceptr ptr, std::size_t bytes);
+  void unpark_all();
   // Only while nothing else runs (the program's submissions held and its
   // contexts synchronized, the range's context current): the live range at
   // `base` moved onto the device, as far as device chunks can be had, by the
@@ -270,12 +286,19 @@ class VmmPool {
   void give_back_pieces(Range& range);
   void publish_remap(const Range& range, std::size_t before, std::size_t after);
   // Mover: a spilled chunk a live allocation (or slab) uses through its own
-  // range, which move_back may replace; the free device chunks of `device` no
+  // range (not parked), which move_back may replace; the free device chunks of `device` no
   // request has used since `idle_since_ns` that could go back to the driver now.
   static bool live_spilled(const Piece& piece);
   // The range holding `ptr` once it is not moving (the lock is let go while
-  // waiting); null if none.
+  // waiting), with nothing parked; null if none.
   Range* settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr);
+  // Under the lock: `range`'s parked chunks mapped at its addresses.
+  void unpark_locked(Range& range);
+  // `piece` parked at `at` in its range, or no longer: the tiers place its
+  // bytes there as if it were mapped (the stats, the launch hooks' figures).
+  void place_parked(Piece& piece, CUdeviceptr at, bool parked);
+  // `piece`'s own mapping (Piece::home), made the first time, with `device`'s access.
+  CUresult home(Piece& piece, int device);
   // plan_move: chunks that add up to `size`, to the spill tiers or the
   // device, chosen (free ones whose frees completed first; to the device,
   // larger free ones go back to the driver where its budget is held); false
@@ -290,6 +313,7 @@ class VmmPool {
   Tiers* const tiers_;
   SpillObserver* spill_observer_ = nullptr;
   AccessTable* access_ = nullptr;  // track_access
+  bool park_ = false;
   double count_from_ = 0;
   mutable std::mutex mutex_;
   std::condition_variable moved_;  // a range stopped moving

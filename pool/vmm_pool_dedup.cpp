@@ -10,7 +10,7 @@ namespace gmem::pool {
 Range* VmmPool::live_whole_range(CUdeviceptr base) const {
   Range* range = ranges_.at(base);
   if (!range || range->class_size || range->blocks.size() != 1 || range->blocks[0].size == 0 || range->exported ||
-      range->moving) {
+      range->moving || range->parked()) {
     return nullptr;
   }
   return range;

@@ -25,6 +25,7 @@ Range* VmmPool::settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr) {
     moved_.wait(lock);
     range = ranges_.find(ptr);
   }
+  if (range) unpark_locked(*range);
   return range;
 }
 
@@ -113,8 +114,26 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
   return true;
 }
 
+CUresult VmmPool::home(Piece& piece, int device) {
+  if (piece.home.base()) return CUDA_SUCCESS;
+  vmm::Reservation at;
+  CUresult status = vmm::Reservation::reserve(driver_, piece.memory.size(), &at);
+  if (status == CUDA_SUCCESS) status = at.map(0, piece.memory, device);
+  if (status == CUDA_SUCCESS) piece.home = std::move(at);
+  return status;
+}
+
 CUresult VmmPool::stage(Move& move) {
   Timer timer(move.driver_ns);
+  if (park_ && move.to_host) {
+    CUresult status = CUDA_SUCCESS;
+    for (const Move::Part& part : move.parts) {
+      for (Piece* p : part.to) {
+        if (status == CUDA_SUCCESS) status = home(*p, move.device);
+      }
+    }
+    return status;
+  }
   CUresult status = vmm::Reservation::reserve(driver_, move.bytes, &move.staging);
   for (const Move::Part& part : move.parts) {
     move.at.push_back(move.staged);
@@ -132,11 +151,21 @@ CUresult VmmPool::copy(Move& move, CUstream stream) {
   Timer timer(move.driver_ns);
   CUresult result = CUDA_SUCCESS;
   for (std::size_t i = 0; i < move.parts.size() && result == CUDA_SUCCESS; ++i) {
-    const CUdeviceptr in_range = move.range->va.base() + move.parts[i].offset;
+    const Move::Part& part = move.parts[i];
+    const CUdeviceptr in_range = move.range->va.base() + part.offset;
+    if (park_ && move.to_host) {
+      std::size_t done = 0;
+      for (std::size_t j = 0; j < part.to.size() && result == CUDA_SUCCESS; done += part.to[j++]->memory.size()) {
+        result = driver_.cuMemcpyDtoDAsync_v2(part.to[j]->home.base(), in_range + done, part.to[j]->memory.size(),
+                                              stream);
+      }
+      continue;
+    }
     const CUdeviceptr in_staging = move.staging.base() + move.at[i];
-    const std::size_t size = move.parts[i].from->memory.size();
+    const std::size_t size = part.from->memory.size();
+    const CUdeviceptr from = part.from->parked ? part.from->home.base() : in_range;
     result = move.to_host ? driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, size, stream)
-                          : driver_.cuMemcpyDtoDAsync_v2(in_staging, in_range, size, stream);
+                          : driver_.cuMemcpyDtoDAsync_v2(in_staging, from, size, stream);
   }
   return result;
 }
@@ -145,11 +174,14 @@ CUresult VmmPool::remap(Move& move, bool forward) {
   Timer timer(move.driver_ns);
   Range& range = *move.range;
   // A part's address range: its `from` chunk unmapped and its `to` chunks
-  // mapped (`onward`), or the other way round; on failure, as it was.
+  // mapped (`onward`), or the other way round; on failure, as it was. A
+  // parked host side is neither unmapped nor mapped.
   auto swap = [&](const Move::Part& part, bool onward) {
-    const std::vector<Piece*> from{part.from};
-    const std::vector<Piece*>& old = onward ? from : part.to;
-    const std::vector<Piece*>& fresh = onward ? part.to : from;
+    const std::vector<Piece*> from{part.from}, none;
+    const bool parked = move.to_host ? park_ : part.from->parked;
+    const bool old_host = onward != move.to_host;
+    const std::vector<Piece*>& old = parked && old_host ? none : onward ? from : part.to;
+    const std::vector<Piece*>& fresh = parked && !old_host ? none : onward ? part.to : from;
     auto unmap = [&](const std::vector<Piece*>& pieces, std::size_t count) {
       for (std::size_t i = 0, o = part.offset; i < count; o += pieces[i++]->memory.size()) {
         range.va.unmap(o, pieces[i]->memory.size());
@@ -191,7 +223,8 @@ void VmmPool::finish_move(Move& move, bool done) {
   Range& range = *move.range;
   Book& b = books_[move.device];
   const int64_t now = now_ns();
-  std::size_t maps = 0;
+  const bool parking = park_ && move.to_host;
+  std::size_t maps = 0, unmaps = 0;
   for (Move::Part& part : move.parts) {
     if (!done) {
       for (Piece* p : part.to) pieces_.set_free(*p, now);
@@ -200,21 +233,30 @@ void VmmPool::finish_move(Move& move, bool done) {
     auto at = std::find(range.pieces.begin(), range.pieces.end(), part.from);
     at = range.pieces.erase(at);
     range.pieces.insert(at, part.to.begin(), part.to.end());
+    std::size_t offset = part.offset;
     for (Piece* p : part.to) {
-      p->ranges.push_back(&range);
+      if (parking) place_parked(*p, range.va.base() + offset, true);
+      if (!parking) p->ranges.push_back(&range);
       pieces_.hold(*p, &range);
+      offset += p->memory.size();
     }
+    unmaps += !part.from->parked;
+    if (part.from->parked) place_parked(*part.from, range.va.base() + part.offset, false);
     std::erase(part.from->ranges, &range);
     pieces_.set_free(*part.from, now);
-    maps += part.to.size();
+    maps += parking ? 0 : part.to.size();
   }
   b.work.driver_ns += move.driver_ns;
   if (done) {
     b.work.maps += maps;
-    b.work.unmaps += move.parts.size();
+    b.work.unmaps += unmaps;
     (move.to_host ? b.work.evicted_bytes : b.work.prefetched_bytes) += move.bytes;
-    books_.publish(move.device, GMEM_STAT_mappings, int64_t(maps) - int64_t(move.parts.size()));
+    b.work.parked_bytes += parking ? move.bytes : 0;
+    books_.publish(move.device, GMEM_STAT_mappings, int64_t(maps) - int64_t(unmaps));
     range.blocks[0].chunks = uint16_t(std::min<std::size_t>(range.pieces.size(), UINT16_MAX));
+    if (AccessRecord* record = access_ ? access_->find(range.va.base()) : nullptr) {
+      access_->set_parked(*record, range.parked());
+    }
   }
   range.moving = false;
   moved_.notify_all();
@@ -222,6 +264,60 @@ void VmmPool::finish_move(Move& move, bool done) {
   // leaves it (moving it back would undo the eviction).
   if (done && move.to_host && spill_observer_) spill_observer_->spilled(now_ns());
   publish_free_figures(move.device);
+}
+
+void VmmPool::place_parked(Piece& piece, CUdeviceptr at, bool parked) {
+  piece.parked = parked;
+  vmm::ChunkObserver* tiers = piece.memory.observer();
+  if (tiers && parked) tiers->mapped(piece.memory, at);
+  if (tiers && !parked) tiers->unmapped(piece.memory.handle(), at);
+}
+
+void VmmPool::unpark_locked(Range& range) {
+  if (!range.parked()) return;
+  Book& b = books_[range.device];
+  std::size_t offset = 0, bytes = 0, maps = 0;
+  {
+    Timer timer(b.work.driver_ns);
+    for (Piece* p : range.pieces) {
+      const CUdeviceptr at = range.va.base() + offset;
+      offset += p->memory.size();
+      if (!p->parked) continue;
+      place_parked(*p, at, false);  // before its mapping places it there
+      if (range.va.map(at - range.va.base(), p->memory, range.device) != CUDA_SUCCESS) {
+        place_parked(*p, at, true);
+        continue;
+      }
+      p->ranges.push_back(&range);
+      bytes += p->memory.size();
+      ++maps;
+    }
+  }
+  ++b.work.unparks;
+  b.work.unparked_bytes += bytes;
+  b.work.maps += maps;
+  books_.publish(range.device, GMEM_STAT_mappings, int64_t(maps));
+  if (AccessRecord* record = access_ ? access_->find(range.va.base()) : nullptr) {
+    access_->set_parked(*record, range.parked());
+  }
+}
+
+void VmmPool::unpark(CUdeviceptr ptr, std::size_t bytes) {
+  std::unique_lock lock(mutex_);
+  for (CUdeviceptr at = ptr; at < ptr + bytes;) {
+    Range* range = settled(lock, at);
+    if (!range) break;
+    at = range->va.base() + range->va.size();
+  }
+}
+
+void VmmPool::unpark_all() {
+  std::unique_lock lock(mutex_);
+  std::vector<CUdeviceptr> parked;
+  ranges_.for_each([&](Range& r) {
+    if (r.parked()) parked.push_back(r.va.base());
+  });
+  for (CUdeviceptr base : parked) settled(lock, base);
 }
 
 std::size_t VmmPool::move_in(CUdeviceptr base) {

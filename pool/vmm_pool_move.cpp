@@ -9,7 +9,7 @@
 namespace gmem::pool {
 
 bool VmmPool::live_spilled(const Piece& piece) {
-  return piece.spilled && piece.holder && piece.holder != Pieces::chosen && piece.holder->live &&
+  return piece.spilled && !piece.parked && piece.holder && piece.holder != Pieces::chosen && piece.holder->live &&
          piece.holder->shared.empty() && !piece.holder->exported && !piece.holder->moving;
 }
 

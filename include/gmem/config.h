@@ -91,6 +91,13 @@
     "never held while the device drains. "                                            \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
+  X(evict_park, flag, "0",                                                           \
+    "1: with evict, what the evictor moves off the device is parked: copied into "   \
+    "host chunks mapped once at addresses of their own, and the allocation's "        \
+    "addresses left unmapped until a call references it (then mapped onto those "     \
+    "host chunks first) or the evictor brings it back; no host chunk is given the "  \
+    "device's access at each move. A kernel that reaches a parked allocation "       \
+    "through a pointer kept in device memory faults: an experiment, off by default") \
   X(bring_in, bring_in, "tried",                                                     \
     "with pool:vmm, track_access and migrate_after_ms (not evict), a kernel launch "  \
     "whose parameters reference a large allocation lying partly in host memory "      \

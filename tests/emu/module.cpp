@@ -2,7 +2,9 @@
 // text, of which only the kernels' signatures are read (`.entry name(.param
 // .u64 a, .param .align 8 .b8 s[16], ...)`), so the same image serves a GPU and
 // the emulator; cuFuncGetParamInfo answers their layout as the driver does.
-// A launch checks its arguments as the driver does and runs nothing.
+// A launch checks its arguments as the driver does and runs nothing, but a
+// pointer parameter into a VMM reservation where nothing is mapped with access
+// faults the context, as the kernel's first load through it would on a GPU.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -82,6 +84,16 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
   if (!gx || !gy || !gz || !bx || !by || !bz || uint64_t(bx) * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
   if (params && extra) return CUDA_ERROR_INVALID_VALUE;
   if (!fn->params.empty() && !params && !extra) return CUDA_ERROR_INVALID_VALUE;
+  const auto& reservations = state().reservations;
+  for (std::size_t i = 0; params && i < fn->params.size(); ++i) {
+    if (fn->params[i].second != sizeof(CUdeviceptr)) continue;
+    CUdeviceptr word;
+    std::memcpy(&word, params[i], sizeof word);
+    auto r = reservations.upper_bound(word);
+    if (r != reservations.begin() && word < std::prev(r)->first + std::prev(r)->second && !accessible(word, 1, false)) {
+      state().fault = CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+  }
   return CUDA_SUCCESS;
 }
 

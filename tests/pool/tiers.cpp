@@ -1049,6 +1049,58 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
   for (int t = 0; t < thread_count; ++t) check(a + t * part, part, last[t]);
 }
 
+// meson's evict-park run: as evict's, with evict_park:1. What the evictor
+// moves off is parked: its addresses unmapped, its content in host chunks
+// mapped at addresses of their own, until a call references it
+// (VmmPool::park_evictions).
+using EvictPark = Tiers;
+
+// A launch of a parked allocation has it mapped first (the emulator's launch
+// faults the context on a pointer into unmapped memory), and the content is
+// the allocation's; the evictor brings it back from the host chunks once
+// room opens.
+TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 1);
+  fill(b, 96 * mib, 2);
+  CUdeviceptr c = alloc(96 * mib);
+  fill(c, 96 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  {
+    // Launched all through: in use, it is not evicted again meanwhile.
+    Launcher user(ctx_, a, std::chrono::milliseconds(1));
+    EXPECT_NE(driver_handle(a + 95 * mib), 0u) << "not mapped once launched";
+    EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS) << "a launch read unmapped memory";
+    check(a, 96 * mib, 1);
+    EXPECT_EQ(user.failed(), 0);
+  }
+  free(c);
+  free(b);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
+  EXPECT_TRUE(on_device_0(a));
+  check(a, 96 * mib, 1);
+}
+
+// An allocation the evictor parked and brought back without any call
+// referencing it meanwhile comes back from the host chunks' own addresses.
+TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 1);
+  fill(b, 96 * mib, 2);
+  CUdeviceptr c = alloc(96 * mib);
+  fill(c, 96 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  free(c);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
+  EXPECT_TRUE(on_device_0(a + 95 * mib));
+  check(a, 96 * mib, 1);
+  check(b, 96 * mib, 2);
+}
+
 // meson's evict-slow-sync run: as evict's, with each synchronization taking
 // 300 ms (GMEM_EMU_SYNC_MS), as on a device with a deep queue of work: each
 // move waits that long for the work submitted before it, and for its own
