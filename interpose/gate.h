@@ -16,7 +16,10 @@
 // evictor marks more ranges moving (mark_more).
 #pragma once
 
+#include <cuda.h>
+
 #include <chrono>
+#include <cstddef>
 
 #include "pool/mover.h"
 
@@ -56,5 +59,31 @@ class Pass {
 
 // Gated calls in flight now (tests).
 long in_flight();
+
+// Device memory a gated call may touch: `bytes` from `ptr` (as well as its
+// arguments tell; 1 where they tell no extent). A host pointer may come too,
+// where the call takes either (cuMemcpy): the check ignores what is not its own.
+struct Reference {
+  CUdeviceptr ptr;
+  std::size_t bytes;
+};
+// The call may touch device memory its arguments do not tell (a descriptor
+// without a reader: scripts/gen_driver_api.py, reference_rule).
+inline constexpr Reference unknown_reference{0, SIZE_MAX};
+inline bool is_unknown(const Reference& r) { return r.ptr == 0 && r.bytes == SIZE_MAX; }
+
+// Sees the references of each gated copy, set, prefetch or stream memory
+// operation (not launches: their hooks look at their own), in the calling
+// thread, before the call is counted in flight: it may block, take locks and
+// call the real driver. A call whose references do not fit one look is seen
+// in several; a call held by the gate is seen again once it goes on. A call
+// that touches no device memory of the process's own (arrays, semaphores)
+// is not seen.
+using ReferenceCheck = void (*)(const Reference* refs, int count);
+void set_reference_check(ReferenceCheck check);
+// Whether gated calls go to the check (off at first). Gated calls pass here
+// only once the gate is on (turn_on); while off, a gated call pays one byte
+// compare for it.
+void check_references(bool on);
 
 }  // namespace gmem::gate

@@ -14,9 +14,14 @@ Outputs, all derived, none edited by hand:
   --map      the linker version script exporting exactly those functions, and
              gmem's own C API: every function declared GMEM_API in the
              --public-header files (include/gmem/dedup.h);
-  --proc     the cuGetProcAddress table: (name, version, per-thread, symbol).
+  --proc     the cuGetProcAddress table: (name, version, per-thread, symbol);
+  --references  what each gated copy, set or stream memory operation may touch,
+             read from its prototype (interpose/gate_references.cpp): the
+             argument positions of its CUdeviceptr and byte extent, the reader of
+             its descriptor, or that it cannot be told.
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -62,6 +67,127 @@ def gated_functions(typedefs, exports):
             sys.exit(f"gen_driver_api: gated {name} takes {arity[base]} arguments, "
                      f"more than the gate passes on ({6 + GATE_STACK_SLOTS})")
     return set(gated)
+
+
+# Gated calls with hooks of their own, which look at their references there
+# (interpose/hooks_launch.cpp): no reference check in the trampoline.
+LAUNCHES = re.compile(r"^cu(Launch|GraphLaunch)")
+# Descriptors a C++ reader understands (interpose/gate_references.cpp), by the
+# type of the argument that points at them.
+DESCRIPTOR_READERS = {
+    "CUDA_MEMCPY2D_v2": "memcpy2d",
+    "CUDA_MEMCPY3D_v2": "memcpy3d",
+    "CUDA_MEMCPY3D_PEER_v1": "memcpy3d_peer",
+    "CUstreamBatchMemOpParams": "stream_mem_ops",
+    "CUstreamBatchMemOpParams_v1": "stream_mem_ops",
+}
+DEVICE_POINTER = re.compile(r"^CUdeviceptr(_v[12])?$")
+# Arguments the ABI passes as 32 bits: their register's upper half is not theirs.
+NARROW_TYPES = {"unsigned int", "int", "cuuint32_t", "CUdeviceptr_v1"}
+# The element size of a memset's value, by its type.
+ELEMENT_SIZE = {"unsigned char": 1, "unsigned short": 2, "unsigned int": 4, "cuuint32_t": 4, "cuuint64_t": 8}
+
+
+def parameters(text):
+    """[(type, name)] of a prototype's parameter list."""
+    if text.strip() in ("", "void"):
+        return []
+    out = []
+    for p in text.split(","):
+        m = re.match(r"^(.*?)\s*\b(\w+)\s*$", p.strip())
+        out.append((re.sub(r"\s+", " ", m.group(1).replace("*", " * ")).strip(), m.group(2)))
+    return out
+
+
+def structs_with_device_pointers(cuda_h):
+    """(those that hold a CUdeviceptr at any depth, all) of cuda.h's struct and union types."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(cuda_h).read(), flags=re.S)
+    bodies = {}
+    for m in re.finditer(r"typedef\s+(?:struct|union)\s*\w*\s*\{", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        names = re.match(r"\s*([\w\s,*]+);", text[i:])
+        for name in re.findall(r"\w+", names.group(1) if names else ""):
+            bodies[name] = text[m.end():i]
+    for old, new in re.findall(r"typedef\s+(\w+)\s+(\w+)\s*;", text):
+        if old in bodies:
+            bodies.setdefault(new, bodies[old])
+    holding, changed = {n for n, b in bodies.items() if "CUdeviceptr" in b}, True
+    while changed:
+        grown = {n for n, b in bodies.items() if set(re.findall(r"\w+", b)) & holding}
+        changed = not grown <= holding
+        holding |= grown
+    return holding, set(bodies)
+
+
+def reference_rule(params, holding, known_structs):
+    """What a gated call may touch, from its parameters: (reader, a0, a1, a2, a3,
+    scale, narrow mask). `arguments`: CUdeviceptr at a0 and a1, extent
+    arg[a2] * arg[a3] * scale (an absent position counts 1); `arrays`: device
+    pointer arrays at a0 and a1, sizes at a2, their count at a3; a descriptor
+    reader: the descriptor at a0 (and for stream_mem_ops, its count at a1);
+    `unknown`: may touch device memory that cannot be told; `none`: touches
+    no device memory the pool can hold (arrays, host memory, semaphores)."""
+    types = [t for t, _ in params]
+    names = [n for _, n in params]
+    narrow = sum(1 << k for k, t in enumerate(types) if t.replace("const ", "") in NARROW_TYPES)
+    base = [t.replace("const ", "").replace("*", "").strip() for t in types]
+    for k, (t, b) in enumerate(zip(types, base)):
+        if "*" in t and b in DESCRIPTOR_READERS:
+            reader = DESCRIPTOR_READERS[b]
+            count = names.index("count") if reader == "stream_mem_ops" else -1
+            return (reader, k, count, -1, -1, 1, narrow)
+    pointer_arrays = [k for k, (t, b) in enumerate(zip(types, base)) if "*" in t and DEVICE_POINTER.match(b)]
+    if pointer_arrays:
+        if "sizes" in names and "count" in names and len(pointer_arrays) <= 2:
+            a = pointer_arrays + [-1] * (2 - len(pointer_arrays))
+            return ("arrays", a[0], a[1], names.index("sizes"), names.index("count"), 1, narrow)
+        return ("unknown", -1, -1, -1, -1, 1, narrow)
+    # A descriptor that holds a device pointer (or one cuda.h does not lay out).
+    if any("*" in t and (b in holding or (b.startswith("CUDA_") and b not in known_structs))
+           for t, b in zip(types, base)):
+        return ("unknown", -1, -1, -1, -1, 1, narrow)
+    pointers = [k for k, (t, b) in enumerate(zip(types, base)) if "*" not in t and DEVICE_POINTER.match(b)]
+    if not pointers:
+        return ("none", -1, -1, -1, -1, 1, narrow)
+    if len(pointers) > 2:
+        sys.exit(f"gen_driver_api: a gated call with {len(pointers)} device pointers: {params}")
+    a0, a1 = (pointers + [-1])[:2]
+    extent, scale = [-1, -1], 1
+    if "ByteCount" in names:
+        extent[0] = names.index("ByteCount")
+    elif "dstPitch" in names and "Height" in names:  # a 2D memset: whole rows
+        extent = [names.index("dstPitch"), names.index("Height")]
+    elif "N" in names:  # a memset of N elements of its value's size
+        extent[0] = names.index("N")
+        scale = ELEMENT_SIZE[types[names.index("N") - 1]]
+    elif "count" in names:
+        extent[0] = names.index("count")
+    elif "value" in names:  # a stream memory operation on one word
+        scale = ELEMENT_SIZE[types[names.index("value")]]
+    return ("arguments", a0, a1, extent[0], extent[1], scale, narrow)
+
+
+def reference_rules(typedefs, exports, gated):
+    """{symbol: rule} for the gated exports other than launches."""
+    text = open(typedefs).read()
+    prototypes = {f"{base}_v{ver}{suffix}": params
+                  for base, ver, suffix, params in
+                  re.findall(r"PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\s*\(([^;]*)\)\s*;", text)}
+    holding, known = structs_with_device_pointers(os.path.join(os.path.dirname(typedefs), "cuda.h"))
+    rows, _ = proc_table(typedefs, exports)
+    rules = {}
+    for base, ver, per_thread, symbol in rows:
+        if symbol not in gated or LAUNCHES.match(symbol):
+            continue
+        suffix = symbol[-5:] if per_thread else ""
+        rules[symbol] = reference_rule(parameters(prototypes[f"{base}_v{ver}{suffix}"]), holding, known)
+    missing = sorted(n for n in gated if not LAUNCHES.match(n) and n not in rules)
+    if missing:
+        sys.exit(f"gen_driver_api: gated calls without a prototype to read their references from: {missing}")
+    return rules
 
 
 def proc_table(typedefs, exports):
@@ -160,11 +286,13 @@ gmem_lazy_common:
     leaq gmem_real_table(%rip), %r10
     jmp *(%r10,%r11,8)
 
-    /* A gated function (%r11: its index): counted as it enters
+    /* A gated function (%r11: its index): while references are checked
+       (gmem_gate_check_on), gmem_gate_check_references sees what it may
+       touch, before it counts; then it is counted as it enters
        (gmem_gate_entries) and in flight while it runs; while the gate is
-       closed, it waits in gmem_gate_wait before it starts. It is called rather
-       than jumped to, so its stack arguments are copied below the return
-       address it gets. */
+       closed, it waits in gmem_gate_wait before it starts, and is checked
+       again. It is called rather than jumped to, so its stack arguments are
+       copied below the return address it gets. */
     .p2align 4
     .type gmem_gate_common,@function
 gmem_gate_common:
@@ -175,6 +303,9 @@ gmem_gate_common:
     movq %rsp, %rbp
     .cfi_def_cfa_register %rbp
     pushq %r11
+gmem_gate_check:
+    cmpb $0, gmem_gate_check_on(%rip)
+    jne gmem_gate_check_now
 gmem_gate_enter:
 #ifdef __SANITIZE_THREAD__
     gmem_save_arguments
@@ -212,6 +343,14 @@ gmem_gate_wait_now:
     gmem_save_arguments
     call gmem_gate_wait
     gmem_restore_arguments
+    jmp gmem_gate_check
+gmem_gate_check_now:
+    gmem_save_arguments
+    movq -8(%rbp), %rdi
+    leaq 152(%rsp), %rsi
+    leaq 16(%rbp), %rdx
+    call gmem_gate_check_references
+    gmem_restore_arguments
     jmp gmem_gate_enter
     .cfi_endproc
     .size gmem_gate_common,.-gmem_gate_common
@@ -245,6 +384,17 @@ def write_header(path, names):
         f.write("// X(name, index) for every function the CUDA driver exports.\n")
         f.write("#define GMEM_DRIVER_FUNCTIONS(X) \\\n")
         f.write(" \\\n".join(f"    X({n}, {i})" for i, n in enumerate(names)))
+        f.write("\n")
+
+
+def write_references(path, names, rules):
+    with open(path, "w") as f:
+        f.write("// Generated by scripts/gen_driver_api.py. Do not edit.\n")
+        f.write("// X(index, name, reader, a0, a1, a2, a3, scale, narrow) for each gated call other\n"
+                "// than a launch (what the fields mean: reference_rule in the script).\n")
+        f.write("#define GMEM_GATE_REFERENCES(X) \\\n")
+        f.write(" \\\n".join(f"    X({i}, {n}, {r[0]}, {r[1]}, {r[2]}, {r[3]}, {r[4]}, {r[5]}, {r[6]:#x})"
+                              for i, n in enumerate(names) if n in rules for r in [rules[n]]))
         f.write("\n")
 
 
@@ -287,6 +437,7 @@ def main():
     ap.add_argument("--header")
     ap.add_argument("--map")
     ap.add_argument("--proc")
+    ap.add_argument("--references")
     ap.add_argument("--public-header", action="append", default=[],
                     help="a public header whose GMEM_API functions the map exports too")
     ap.add_argument("--list", action="store_true", help="print the exported names")
@@ -300,8 +451,11 @@ def main():
         print("\n".join(names))
         for row in missing:
             print(f"# typedef without export: {row}", file=sys.stderr)
+    gated = gated_functions(args.typedefs, names) if args.asm or args.references else set()
     if args.asm:
-        write_asm(args.asm, names, gated_functions(args.typedefs, names))
+        write_asm(args.asm, names, gated)
+    if args.references:
+        write_references(args.references, names, reference_rules(args.typedefs, names, gated))
     if args.header:
         write_header(args.header, names)
     if args.map:

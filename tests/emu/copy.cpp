@@ -72,6 +72,45 @@ CUresult fill(CUdeviceptr dst, T value, std::size_t count, CUstream stream = nul
 
 CUdeviceptr address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
+// One side of a 2D copy as an address and a Side (no arrays here).
+bool side_of(CUmemorytype type, const void* host, CUdeviceptr device, CUdeviceptr& base, Side& side) {
+  switch (type) {
+    case CU_MEMORYTYPE_HOST:
+      base = address(host), side = Side::host;
+      return true;
+    case CU_MEMORYTYPE_DEVICE:
+      base = device, side = Side::device;
+      return true;
+    case CU_MEMORYTYPE_UNIFIED:
+      base = device, side = Side::unified;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Row by row: each row is a copy of its own.
+CUresult copy_2d(const CUDA_MEMCPY2D* c, const char* caller = __builtin_FUNCTION()) {
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr src, dst;
+  Side from, to;
+  if (!side_of(c->srcMemoryType, c->srcHost, c->srcDevice, src, from) ||
+      !side_of(c->dstMemoryType, c->dstHost, c->dstDevice, dst, to)) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // arrays are not emulated
+  }
+  if (c->Height > 1 && (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  src += c->srcXInBytes + c->srcY * c->srcPitch;
+  dst += c->dstXInBytes + c->dstY * c->dstPitch;
+  for (std::size_t row = 0; row < c->Height; ++row) {
+    if (CUresult r = copy(dst + row * c->dstPitch, to, src + row * c->srcPitch, from, c->WidthInBytes, nullptr, caller)) {
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 void run_late(CUstream stream) {
@@ -110,6 +149,9 @@ EMU_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t b
   return copy(dst, Side::device, src, Side::device, bytes, stream);
 }
 
+EMU_API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* copy) { return copy_2d(copy); }
+EMU_API CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* copy) { return copy_2d(copy); }
+
 EMU_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) { return fill(dst, value, count); }
 EMU_API CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short value, size_t count) {
   return fill(dst, value, count);
@@ -133,6 +175,8 @@ EMU_ALIAS(cuMemcpyAsync_ptsz, cuMemcpyAsync)
 EMU_ALIAS(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2)
 EMU_ALIAS(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2)
 EMU_ALIAS(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2)
+EMU_ALIAS(cuMemcpy2D_v2_ptds, cuMemcpy2D_v2)
+EMU_ALIAS(cuMemcpy2DUnaligned_v2_ptds, cuMemcpy2DUnaligned_v2)
 EMU_ALIAS(cuMemsetD8_v2_ptds, cuMemsetD8_v2)
 EMU_ALIAS(cuMemsetD16_v2_ptds, cuMemsetD16_v2)
 EMU_ALIAS(cuMemsetD32_v2_ptds, cuMemsetD32_v2)

@@ -1,0 +1,212 @@
+// The gate's reference check (interpose/gate.h) through the generated
+// trampolines, forwarding to the emulated driver: each gated copy, set or
+// stream memory operation shows the check what it may touch, before it counts
+// in flight. This program links the trampolines itself (no shim, no pool):
+// its gmem_resolve_driver fills their table from the emulator.
+#include <dlfcn.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "interpose/driver_table.h"
+#include "interpose/gate.h"
+
+namespace {
+
+CUresult missing_function() { return CUDA_ERROR_NOT_FOUND; }
+
+}  // namespace
+
+extern "C" void gmem_resolve_driver() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* emu = dlopen(GMEM_EMU_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (!emu) {
+      std::fprintf(stderr, "cannot load the emulated driver: %s\n", dlerror());
+      std::abort();
+    }
+    for (unsigned i = 0; i < gmem::function_count; ++i) {
+      void* fn = dlsym(emu, gmem::function_names[i]);
+      gmem_real_table[i] = fn ? fn : reinterpret_cast<void*>(&missing_function);
+    }
+  });
+}
+
+namespace gmem::gate {
+
+bool operator==(const Reference& a, const Reference& b) { return a.ptr == b.ptr && a.bytes == b.bytes; }
+void PrintTo(const Reference& r, std::ostream* os) { *os << "{0x" << std::hex << r.ptr << std::dec << ", " << r.bytes << "}"; }
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::mutex seen_mutex;
+std::vector<Reference> seen;  // under seen_mutex
+long in_flight_at_check = -1;
+
+void record(const Reference* refs, int count) {
+  std::lock_guard lock(seen_mutex);
+  seen.insert(seen.end(), refs, refs + count);
+  in_flight_at_check = in_flight();
+}
+
+std::vector<Reference> take_seen() {
+  std::lock_guard lock(seen_mutex);
+  return std::exchange(seen, {});
+}
+
+class GateReferences : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    turn_on();
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    CUdevice device;
+    ASSERT_EQ(cuDeviceGet(&device, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&context_, device), CUDA_SUCCESS);
+  }
+  void SetUp() override {
+    ASSERT_EQ(cuCtxSetCurrent(context_), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemAlloc(&a_, size), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemAlloc(&b_, size), CUDA_SUCCESS);
+    take_seen();
+    in_flight_at_check = -1;
+    set_reference_check(record);
+    check_references(true);
+  }
+  void TearDown() override {
+    check_references(false);
+    set_reference_check(nullptr);
+    EXPECT_EQ(cuMemFree(a_), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree(b_), CUDA_SUCCESS);
+  }
+
+  static constexpr std::size_t size = 64 << 10;
+  static inline CUcontext context_ = nullptr;
+  CUdeviceptr a_ = 0, b_ = 0;
+};
+
+TEST_F(GateReferences, DeviceToDeviceShowsBothSidesBeforeItCountsInFlight) {
+  ASSERT_EQ(cuMemsetD8(a_, 7, 1000), CUDA_SUCCESS);
+  take_seen();
+  ASSERT_EQ(cuMemcpyDtoD_v2(b_ + 24, a_, 1000), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{b_ + 24, 1000}, {a_, 1000}}));
+  EXPECT_EQ(in_flight_at_check, 0) << "the check ran while its call counted in flight";
+  unsigned char byte = 0;
+  ASSERT_EQ(cuMemcpyDtoH(&byte, b_ + 24 + 999, 1), CUDA_SUCCESS);
+  EXPECT_EQ(byte, 7) << "the copy did not run after its check";
+}
+
+TEST_F(GateReferences, HostToDeviceAsyncShowsTheDeviceSide) {
+  std::vector<unsigned char> host(300, 1);
+  ASSERT_EQ(cuMemcpyHtoDAsync_v2(a_ + 100, host.data(), host.size(), nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_ + 100, 300}}));
+}
+
+TEST_F(GateReferences, MemsetD32ShowsFourBytesAWord) {
+  ASSERT_EQ(cuMemsetD32_v2(a_ + 64, 0xdeadbeef, 10), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_ + 64, 40}}));
+}
+
+// Either side of cuMemcpy may be device memory: both are shown.
+TEST_F(GateReferences, PlainMemcpyShowsBothPointers) {
+  ASSERT_EQ(cuMemcpy(b_, a_ + 8, 512), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{b_, 512}, {a_ + 8, 512}}));
+}
+
+// From the first byte a 2D copy touches on the device to the end of its last row.
+TEST_F(GateReferences, Memcpy2DShowsItsDeviceSideOnly) {
+  std::vector<unsigned char> host(4096, 3);
+  CUDA_MEMCPY2D copy{};
+  copy.srcMemoryType = CU_MEMORYTYPE_HOST;
+  copy.srcHost = host.data();
+  copy.srcPitch = 100;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = a_;
+  copy.dstXInBytes = 8;
+  copy.dstY = 2;
+  copy.dstPitch = 256;
+  copy.WidthInBytes = 64;
+  copy.Height = 3;
+  ASSERT_EQ(cuMemcpy2D_v2(&copy), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_ + 8 + 2 * 256, 2 * 256 + 64}}));
+
+  copy.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+  copy.srcHost = nullptr;
+  copy.srcDevice = b_;
+  ASSERT_EQ(cuMemcpy2D_v2(&copy), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{b_, 2 * 100 + 64}, {a_ + 8 + 2 * 256, 2 * 256 + 64}}));
+}
+
+TEST_F(GateReferences, NothingIsSeenWhileTurnedOff) {
+  check_references(false);
+  ASSERT_EQ(cuMemcpyDtoD_v2(b_, a_, 16), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemsetD32_v2(a_, 1, 4), CUDA_SUCCESS);
+  EXPECT_TRUE(take_seen().empty());
+  check_references(true);
+  ASSERT_EQ(cuMemcpyDtoD_v2(b_, a_, 16), CUDA_SUCCESS);
+  EXPECT_EQ(take_seen().size(), 2u);
+}
+
+// Launches have hooks of their own, which look at their parameters.
+TEST_F(GateReferences, LaunchesAreNotSeen) {
+  EXPECT_NE(cuLaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  EXPECT_TRUE(take_seen().empty());
+}
+
+// The CUDA 2.0 ABI passes 32-bit pointers and sizes: what lies in the upper
+// half of their registers is not theirs.
+TEST_F(GateReferences, TheOldestAbiReadsThirtyTwoBitArguments) {
+  using Wide = CUresult (*)(uint64_t, uint64_t, uint64_t);
+  auto v1 = reinterpret_cast<Wide>(gmem_export_table[fn_cuMemcpyDtoD]);
+  v1(0xabcd000000001000, 0xabcd000000002000, 0xabcd000000000010);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{0x1000, 0x10}, {0x2000, 0x10}}));
+}
+
+// Descriptors of many copies: each destination and source with its size.
+TEST_F(GateReferences, BatchesShowEachPointer) {
+  CUdeviceptr dsts[] = {b_, b_ + 4096};
+  CUdeviceptr srcs[] = {a_, a_ + 8192};
+  std::size_t sizes[] = {100, 200};
+  CUmemcpyAttributes attrs{};
+  std::size_t attr_index = 0;
+  cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &attr_index, 1, nullptr);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{b_, 100}, {b_ + 4096, 200}, {a_, 100}, {a_ + 8192, 200}}));
+
+  CUstreamBatchMemOpParams ops[2]{};
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  ops[0].writeValue.address = a_ + 16;
+  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  ops[1].waitValue.address = b_ + 32;
+  cuStreamBatchMemOp(nullptr, 2, ops, 0);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_ + 16, 8}, {b_ + 32, 4}}));
+}
+
+// A call the gate held is checked again as it goes on: the pool may have
+// parked its memory meanwhile.
+TEST_F(GateReferences, ACallHeldByTheGateIsCheckedAgain) {
+  Submissions gate;
+  ASSERT_TRUE(gate.stop());
+  ASSERT_TRUE(gate.hold());
+  std::atomic<bool> done{false};
+  std::thread caller([&] {
+    EXPECT_EQ(cuCtxSetCurrent(context_), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemsetD32_v2(a_, 5, 8), CUDA_SUCCESS);
+    done = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(done);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+  gate.resume();
+  caller.join();
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+}
+
+}  // namespace
+}  // namespace gmem::gate
