@@ -65,6 +65,21 @@ pool::Budgets budgets(const Config& config) {
   return b;
 }
 
+// evict_park: a copy, set or stream memory operation that may touch parked
+// memory has it mapped (or brought back) first.
+void unpark_references(const gate::Reference* refs, int count) {
+  pool::Pool* pool = the_runtime ? the_runtime->pool : nullptr;
+  const pool::AccessTable* table = pool ? pool->access() : nullptr;
+  if (!table || !table->any_parked()) return;
+  for (int i = 0; i < count; ++i) {
+    if (gate::is_unknown(refs[i])) {
+      pool->unpark_all();
+    } else {
+      pool->unpark(refs[i].ptr, refs[i].bytes);
+    }
+  }
+}
+
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
@@ -171,6 +186,10 @@ void initialise() {
       if (use_vmm && rt->config.torch_retry) {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);
+      }
+      if (moving && rt->config.evict && rt->config.evict_park) {
+        gate::set_reference_check(unpark_references);
+        gate::check_references(true);
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);
       if (use_vmm && !rt->config.trace.path.empty()) start_trace(*rt);

@@ -62,6 +62,17 @@ bool Evictor::wait_moves(uint64_t since) {
   return true;
 }
 
+bool Evictor::bring_back(CUdeviceptr base, const AccessRecord& record) {
+  std::unique_lock lock(mutex_);
+  ++work_.urgent;
+  urgent_.push_back(base);
+  auto asked = [&] { return std::find(urgent_.begin(), urgent_.end(), base) != urgent_.end(); };
+  moved_.wait_for(lock, std::chrono::seconds(1), [&] { return !record.parked() || !asked(); });
+  if (auto it = std::find(urgent_.begin(), urgent_.end(), base); it != urgent_.end()) urgent_.erase(it);
+  work_.urgent_back += !record.parked();
+  return !record.parked();
+}
+
 void Evictor::look(int device, DeviceState& state) {
   const std::vector<VmmPool::Live> lives = vmm_.live_ranges(device);
   if (lives.empty()) return;
@@ -124,8 +135,24 @@ void Evictor::look(int device, DeviceState& state) {
   });
   std::vector<CUdeviceptr> back;
   std::size_t taking = 0;
+  // First what calls wait for (bring_back), as far as the room goes; the
+  // rest is told no.
+  {
+    std::lock_guard lock(mutex_);
+    for (const VmmPool::Live& l : lives) {
+      if (std::find(urgent_.begin(), urgent_.end(), l.base) == urgent_.end()) continue;
+      if (room >= taking + l.spilled) {
+        back.push_back(l.base);
+        taking += l.spilled;
+      } else {
+        std::erase(urgent_, l.base);
+      }
+    }
+    moved_.notify_all();
+  }
   const auto ahead = std::size_t(double(total) * settings_.ahead);
   for (const VmmPool::Live* l : evicted) {
+    if (std::find(back.begin(), back.end(), l->base) != back.end()) continue;
     if (next(l) ? taking + l->spilled > ahead || room < taking + l->spilled : wanted || room < taking + l->spilled + high) {
       break;
     }

@@ -110,6 +110,11 @@ class Evictor {
   // memory may have been freed since the request was tried).
   bool wait_moves(uint64_t since);
   static constexpr std::chrono::milliseconds period{2};
+  // A call is about to reference the parked range at `base` (the calling
+  // thread, outside the gate; VmmPool::park_evictions): the evictor's next
+  // look brings it back first where the device has room for it, and says no
+  // otherwise. Whether `record` is parked no more (at most 1 s).
+  bool bring_back(CUdeviceptr base, const AccessRecord& record);
 
   struct Work {
     uint64_t rounds = 0;     // batches moved
@@ -128,6 +133,7 @@ class Evictor {
     // move would not do), and those that ran out of looks or time.
     uint64_t waits_stuck = 0, waits_expired = 0;
     uint64_t retries = 0;  // requests out of memory that waited for a batch to end (wait_moves)
+    uint64_t urgent = 0, urgent_back = 0;  // bring_back's calls, and those it brought back
   };
   Work work() const;
 
@@ -190,6 +196,8 @@ class Evictor {
   // last look found nothing it could move for it.
   std::unordered_map<int, std::size_t> wanted_;
   std::unordered_map<int, bool> stuck_;
+  // Parked ranges calls wait for (bring_back), until a look moves them or says no.
+  std::vector<CUdeviceptr> urgent_;
   // The calling thread's own (the mover's).
   std::unordered_map<int, DeviceState> devices_;
   std::unordered_map<int, std::size_t> totals_;  // each device's memory

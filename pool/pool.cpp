@@ -132,6 +132,18 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
   }
 }
 
+void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
+  if (!vmm_ || !access_) return;
+  bool parked = false;
+  for (CUdeviceptr at = ptr; at < ptr + bytes;) {
+    const AccessRecord* record = access_->find(at);
+    if (!record) break;
+    if (record->parked() && !(evictor_ && evictor_->bring_back(record->base(), *record))) parked = true;
+    at = record->base() + record->size();
+  }
+  if (parked) vmm_->unpark(ptr, bytes);
+}
+
 void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
   if (bring_in_ == BringIn::off || spilled.empty() || quiet()) return;
   const std::optional<Block> first = vmm_->find(spilled.front()->base());

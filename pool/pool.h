@@ -186,11 +186,11 @@ class Pool {
   // device's speed rather than across PCIe. The device pauses meanwhile.
   void bring_in(const std::vector<const AccessRecord*>& spilled);
   // Parked memory (VmmPool::park_evictions) that a call is about to
-  // reference, mapped first: in the ranges overlapping [ptr, ptr + bytes),
-  // or everywhere (a call whose references are not known).
-  void unpark(CUdeviceptr ptr, std::size_t bytes) {
-    if (vmm_) vmm_->unpark(ptr, bytes);
-  }
+  // reference, in the ranges overlapping [ptr, ptr + bytes): brought back by
+  // the evictor where the device has room, else mapped onto its host chunks
+  // (outside the gate). unpark_all(): every parked range mapped (a call whose
+  // references are not known).
+  void unpark(CUdeviceptr ptr, std::size_t bytes);
   void unpark_all() {
     if (vmm_) vmm_->unpark_all();
   }

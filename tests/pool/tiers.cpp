@@ -1083,6 +1083,31 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
   check(a, 96 * mib, 1);
 }
 
+// A set of a parked allocation, and a copy from one, find it mapped or back
+// (the gate's reference check): the emulator's sets and copies fail on
+// unmapped memory.
+TEST_F(EvictPark, ASetOrCopyOfAParkedAllocationFindsItMapped) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 1);
+  fill(b, 96 * mib, 2);
+  CUdeviceptr c = alloc(96 * mib);
+  fill(c, 96 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  ASSERT_EQ(cuMemsetD32_v2(a + 4 * mib, 7, mib / 4), CUDA_SUCCESS);
+  std::vector<uint32_t> expect = pattern(96 * mib, 1), out(expect.size());
+  std::fill(expect.begin() + mib, expect.begin() + mib + mib / 4, 7u);
+  ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), a, 96 * mib), CUDA_SUCCESS);
+  EXPECT_TRUE(out == expect);
+  // The next oldest, b, is parked to make room for d; a copy from it.
+  CUdeviceptr d = alloc(96 * mib);
+  fill(d, 96 * mib, 4);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), b) == 96 * mib; })) << "b not evicted";
+  EXPECT_EQ(driver_handle(b), 0u) << "evicted, and still mapped at its addresses";
+  check(b, 96 * mib, 2);
+}
+
 // An allocation the evictor parked and brought back without any call
 // referencing it meanwhile comes back from the host chunks' own addresses.
 TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
