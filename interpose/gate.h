@@ -74,12 +74,15 @@ inline bool is_unknown(const Reference& r) { return r.ptr == 0 && r.bytes == SIZ
 
 // Sees the references of each gated copy, set, prefetch or stream memory
 // operation (not launches: their hooks look at their own), in the calling
-// thread, before the call is counted in flight: it may block, take locks and
-// call the real driver. A call whose references do not fit one look is seen
-// in several; a call held by the gate is seen again once it goes on. A call
-// that touches no device memory of the process's own (arrays, semaphores)
-// is not seen.
-using ReferenceCheck = void (*)(const Reference* refs, int count);
+// thread. First with `act` false, while the call counts in flight (so that
+// nothing the gate holds back, a move under live memory, can begin until it
+// is over): whether any reference needs work before the call runs; it must
+// not block. Where one does, the call leaves the count and the check runs
+// with `act` true, free to block, take locks and call the real driver; then
+// all again. A call whose references do not fit one look is seen in several;
+// a call held by the gate is seen once it goes on. A call that touches no
+// device memory of the process's own (arrays, semaphores) is not seen.
+using ReferenceCheck = bool (*)(const Reference* refs, int count, bool act);
 void set_reference_check(ReferenceCheck check);
 // Whether gated calls go to the check (off at first). Gated calls pass here
 // only once the gate is on (turn_on); while off, a gated call pays one byte

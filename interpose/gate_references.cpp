@@ -1,7 +1,8 @@
 // What a gated call may touch, read from its arguments as the generated rules
 // say (gate_references.inc: scripts/gen_driver_api.py, reference_rule), for the
 // reference check of gate.h. The trampolines call gmem_gate_check_references
-// with the argument registers they saved, before the call counts in flight.
+// with the argument registers they saved; it counts the call in flight itself
+// where the check lets it go.
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -13,7 +14,11 @@
 extern "C" {
 // Read by the trampolines: nonzero while references are checked.
 std::atomic<unsigned char> gmem_gate_check_on{0};
-void gmem_gate_check_references(unsigned index, const uint64_t* saved, const uint64_t* stack) noexcept;
+unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved, const uint64_t* stack) noexcept;
+// The gate's own (gate.cpp).
+extern std::atomic<long> gmem_gate_in_flight;
+extern std::atomic<unsigned long> gmem_gate_entries;
+extern std::atomic<unsigned char> gmem_gate_closed;
 }
 
 namespace gmem::gate {
@@ -77,19 +82,23 @@ std::size_t plus(std::size_t a, std::size_t b) {
 // The references of one call, handed to the check a bufferful at a time.
 class Seen {
  public:
-  explicit Seen(ReferenceCheck check) : check_(check) {}
+  Seen(ReferenceCheck check, bool act) : check_(check), act_(act) {}
   void add(CUdeviceptr ptr, std::size_t bytes) {
     if (count_ == capacity) flush();
     refs_[count_++] = Reference{ptr, bytes};
   }
-  void flush() {
-    if (count_) check_(refs_, count_);
+  // Whether the check asked for work first (looking, `act` false).
+  bool flush() {
+    if (count_) wants_ |= check_(refs_, count_, act_);
     count_ = 0;
+    return wants_;
   }
 
  private:
   static constexpr int capacity = 32;
   ReferenceCheck check_;
+  bool act_;
+  bool wants_ = false;
   Reference refs_[capacity];
   int count_ = 0;
 };
@@ -201,15 +210,37 @@ void check_references(bool on) { gmem_gate_check_on.store(on ? 1 : 0); }
 
 }  // namespace gmem::gate
 
-extern "C" void gmem_gate_check_references(unsigned index, const uint64_t* saved, const uint64_t* stack) noexcept {
+// 1: the call is counted in flight (as the trampoline counts it) and may go
+// on; 0: not counted, the trampoline enters the gate as without a check.
+extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved,
+                                                     const uint64_t* stack) noexcept {
   using namespace gmem::gate;
   const ReferenceCheck check = installed.load();
-  if (!check || checking || index >= gmem::function_count) return;
+  if (!check || checking || index >= gmem::function_count) return 0;
   const Rule& rule = rules[index];
-  if (rule.reader == Reader::none) return;
+  if (rule.reader == Reader::none) return 0;
+  const Arguments args(saved, stack, rule.narrow);
+  auto look = [&](bool act) {
+    Seen seen(check, act);
+    read_references(seen, args, rule);
+    return seen.flush();
+  };
   checking = true;
-  Seen seen(check);
-  read_references(seen, Arguments(saved, stack, rule.narrow), rule);
-  seen.flush();
+  unsigned char counted = 0;
+  while (true) {
+    gmem_gate_entries.fetch_add(1);
+    gmem_gate_in_flight.fetch_add(1);
+    if (gmem_gate_closed.load()) {  // the trampoline waits, and comes back here
+      gmem_gate_in_flight.fetch_sub(1);
+      break;
+    }
+    if (!look(false)) {
+      counted = 1;
+      break;
+    }
+    gmem_gate_in_flight.fetch_sub(1);
+    look(true);
+  }
   checking = false;
+  return counted;
 }

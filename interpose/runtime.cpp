@@ -67,17 +67,20 @@ pool::Budgets budgets(const Config& config) {
 
 // evict_park: a copy, set or stream memory operation that may touch parked
 // memory has it mapped (or brought back) first.
-void unpark_references(const gate::Reference* refs, int count) {
+bool unpark_references(const gate::Reference* refs, int count, bool act) {
   pool::Pool* pool = the_runtime ? the_runtime->pool : nullptr;
   const pool::AccessTable* table = pool ? pool->access() : nullptr;
-  if (!table || !table->any_parked()) return;
-  for (int i = 0; i < count; ++i) {
+  if (!table || !table->any_parked()) return false;
+  bool parked = false;
+  for (int i = 0; i < count && !parked; ++i) parked = gate::is_unknown(refs[i]) || pool->parked(refs[i].ptr, refs[i].bytes);
+  for (int i = 0; act && i < count; ++i) {
     if (gate::is_unknown(refs[i])) {
       pool->unpark_all();
     } else {
       pool->unpark(refs[i].ptr, refs[i].bytes);
     }
   }
+  return parked;
 }
 
 void print_report() {

@@ -132,10 +132,22 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
   }
 }
 
+bool Pool::parked(CUdeviceptr ptr, std::size_t bytes) const {
+  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
+  for (CUdeviceptr at = ptr; access_ && at < end;) {
+    const AccessRecord* record = access_->find(at);
+    if (!record) return false;
+    if (record->parked()) return true;
+    at = record->base() + record->size();
+  }
+  return false;
+}
+
 void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   if (!vmm_ || !access_) return;
   bool parked = false;
-  for (CUdeviceptr at = ptr; at < ptr + bytes;) {
+  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
+  for (CUdeviceptr at = ptr; at < end;) {
     const AccessRecord* record = access_->find(at);
     if (!record) break;
     if (record->parked() && !(evictor_ && evictor_->bring_back(record->base(), *record))) parked = true;

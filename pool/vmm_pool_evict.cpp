@@ -304,7 +304,8 @@ void VmmPool::unpark_locked(Range& range) {
 
 void VmmPool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   std::unique_lock lock(mutex_);
-  for (CUdeviceptr at = ptr; at < ptr + bytes;) {
+  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
+  for (CUdeviceptr at = ptr; at < end;) {
     Range* range = settled(lock, at);
     if (!range) break;
     at = range->va.base() + range->va.size();

@@ -320,6 +320,7 @@ gmem_gate_enter:
     cmpb $0, gmem_gate_closed(%rip)
     jne gmem_gate_closed_now
 #endif
+gmem_gate_counted:
     subq $""" + str(8 * GATE_STACK_SLOTS + 8) + """, %rsp
 """ + copy_slots + """    movq -8(%rbp), %r11
     leaq gmem_real_table(%rip), %r10
@@ -350,7 +351,10 @@ gmem_gate_check_now:
     leaq 152(%rsp), %rsi
     leaq 16(%rbp), %rdx
     call gmem_gate_check_references
+    movzbl %al, %r10d
     gmem_restore_arguments
+    testl %r10d, %r10d
+    jne gmem_gate_counted
     jmp gmem_gate_enter
     .cfi_endproc
     .size gmem_gate_common,.-gmem_gate_common

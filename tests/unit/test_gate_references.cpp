@@ -51,10 +51,11 @@ std::mutex seen_mutex;
 std::vector<Reference> seen;  // under seen_mutex
 long in_flight_at_check = -1;
 
-void record(const Reference* refs, int count) {
+bool record(const Reference* refs, int count, bool) {
   std::lock_guard lock(seen_mutex);
   seen.insert(seen.end(), refs, refs + count);
   in_flight_at_check = in_flight();
+  return false;
 }
 
 std::vector<Reference> take_seen() {
@@ -92,12 +93,12 @@ class GateReferences : public ::testing::Test {
   CUdeviceptr a_ = 0, b_ = 0;
 };
 
-TEST_F(GateReferences, DeviceToDeviceShowsBothSidesBeforeItCountsInFlight) {
+TEST_F(GateReferences, DeviceToDeviceShowsBothSidesWhileItCountsInFlight) {
   ASSERT_EQ(cuMemsetD8(a_, 7, 1000), CUDA_SUCCESS);
   take_seen();
   ASSERT_EQ(cuMemcpyDtoD_v2(b_ + 24, a_, 1000), CUDA_SUCCESS);
   EXPECT_EQ(take_seen(), (std::vector<Reference>{{b_ + 24, 1000}, {a_, 1000}}));
-  EXPECT_EQ(in_flight_at_check, 0) << "the check ran while its call counted in flight";
+  EXPECT_EQ(in_flight_at_check, 1) << "the look ran before its call counted in flight";
   unsigned char byte = 0;
   ASSERT_EQ(cuMemcpyDtoH(&byte, b_ + 24 + 999, 1), CUDA_SUCCESS);
   EXPECT_EQ(byte, 7) << "the copy did not run after its check";
@@ -188,9 +189,9 @@ TEST_F(GateReferences, BatchesShowEachPointer) {
   EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_ + 16, 8}, {b_ + 32, 4}}));
 }
 
-// A call the gate held is checked again as it goes on: the pool may have
-// parked its memory meanwhile.
-TEST_F(GateReferences, ACallHeldByTheGateIsCheckedAgain) {
+// A call the gate holds is looked at once it goes on (the pool may have
+// parked its memory meanwhile), not before.
+TEST_F(GateReferences, ACallHeldByTheGateIsLookedAtAsItGoesOn) {
   Submissions gate;
   ASSERT_TRUE(gate.stop());
   ASSERT_TRUE(gate.hold());
@@ -202,10 +203,30 @@ TEST_F(GateReferences, ACallHeldByTheGateIsCheckedAgain) {
   });
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(done);
-  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+  EXPECT_TRUE(take_seen().empty());
   gate.resume();
   caller.join();
   EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+}
+
+// A check that wants work first: the call leaves the count, the check acts
+// (free to block: nothing in flight), then looks again while counted, and
+// the call runs once a look wants nothing.
+std::vector<std::pair<bool, long>> steps;  // (act, in flight) per call of `once`
+bool once(const Reference*, int, bool act) {
+  steps.emplace_back(act, in_flight());
+  return steps.size() == 1;
+}
+
+TEST_F(GateReferences, ACheckThatWantsWorkActsOutsideTheCountThenLooksAgain) {
+  steps.clear();
+  set_reference_check(once);
+  ASSERT_EQ(cuMemsetD32_v2(a_, 9, 4), CUDA_SUCCESS);
+  EXPECT_EQ(steps, (std::vector<std::pair<bool, long>>{{false, 1}, {true, 0}, {false, 1}}));
+  uint32_t word = 0;
+  set_reference_check(record);
+  ASSERT_EQ(cuMemcpyDtoH(&word, a_ + 12, 4), CUDA_SUCCESS);
+  EXPECT_EQ(word, 9u) << "the set did not run";
 }
 
 }  // namespace
