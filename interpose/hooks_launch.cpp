@@ -5,7 +5,8 @@
 // pool's ranges (pool/access.h): what each launch touches, known without a
 // fault. The parameter layout comes from cuFuncGetParamInfo
 // (cuKernelGetParamInfo for a library's CUkernel), once per function; the
-// `extra` form carries its parameter buffer whole. A launch on a capturing
+// `extra` form carries its parameter buffer whole. Tensor maps passed by
+// value (interpose/tensor_maps.h) add the addresses they describe. A launch on a capturing
 // stream is kept for its graph and counted at the graph's launches
 // (interpose/graph_access.h).
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "interpose/gate.h"
 #include "interpose/graph_access.h"
 #include "interpose/runtime.h"
+#include "interpose/tensor_maps.h"
 #include "pool/access.h"
 
 extern "C" {
@@ -38,6 +40,8 @@ namespace {
 struct Layout {
   uint32_t generation = 0;
   std::vector<std::pair<uint32_t, uint32_t>> words;
+  // Where a tensor map may lie: each 64-byte-aligned window of 128 bytes.
+  std::vector<std::pair<uint32_t, uint32_t>> maps;
 };
 
 // Layouts by function handle: an open-addressed table of atomics, read without
@@ -111,6 +115,10 @@ class Layouts {
       for (std::size_t word = (offset + 7) / 8 * 8; word + 8 <= offset + size; word += 8) {
         layout.words.emplace_back(param, uint32_t(word - offset));
       }
+      constexpr std::size_t map = sizeof(CUtensorMap), align = 64;
+      for (std::size_t at = (offset + align - 1) / align * align; at + map <= offset + size; at += align) {
+        layout.maps.emplace_back(param, uint32_t(at - offset));
+      }
     }
     return layout;
   }
@@ -146,6 +154,9 @@ void visit_buffer(void** extra, Visit&& visit) {
   }
   if (!buffer) return;
   for (std::size_t word = 0; word + 8 <= size; word += 8) visit(load_word(buffer + word));
+  for (std::size_t at = 0; gmem::tensor_maps::any() && at + sizeof(CUtensorMap) <= size; at += 64) {
+    if (CUdeviceptr address = gmem::tensor_maps::find(buffer + at)) visit(address);
+  }
 }
 
 // Every aligned 8-byte word of a launch's parameters.
@@ -155,6 +166,10 @@ void visit_words(CUfunction f, void** params, void** extra, Visit&& visit) {
     const Layout* layout = layouts().find(f);
     if (!layout) return;
     for (auto [param, offset] : layout->words) visit(load_word(static_cast<const char*>(params[param]) + offset));
+    for (std::size_t i = 0; gmem::tensor_maps::any() && i < layout->maps.size(); ++i) {
+      const auto [param, offset] = layout->maps[i];
+      if (CUdeviceptr address = gmem::tensor_maps::find(static_cast<const char*>(params[param]) + offset)) visit(address);
+    }
   } else if (extra) {
     visit_buffer(extra, visit);
   }
@@ -333,6 +348,53 @@ GMEM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
 
 GMEM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
   return launch_graph(exec, [&] { return GMEM_REAL_AS(cuGraphLaunch_ptsz, cuGraphLaunch)(exec, stream); });
+}
+
+// Tensor maps: the driver encodes them, and they are told with their address.
+template <typename Call>
+CUresult encode(CUtensorMap* map, void* address, Call&& call) {
+  const CUresult status = call();
+  if (status == CUDA_SUCCESS && map) gmem::tensor_maps::encoded(*map, address);
+  return status;
+}
+
+GMEM_EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                            const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                            const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                            CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                            CUtensorMapFloatOOBfill fill) {
+  return encode(map, address, [&] {
+    return GMEM_REAL(cuTensorMapEncodeTiled)(map, type, rank, address, dims, strides, box, element_strides, interleave,
+                                             swizzle, l2, fill);
+  });
+}
+
+GMEM_EXPORT CUresult cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                             const cuuint64_t* dims, const cuuint64_t* strides, const int* lower,
+                                             const int* upper, cuuint32_t channels, cuuint32_t pixels,
+                                             const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                             CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                             CUtensorMapFloatOOBfill fill) {
+  return encode(map, address, [&] {
+    return GMEM_REAL(cuTensorMapEncodeIm2col)(map, type, rank, address, dims, strides, lower, upper, channels, pixels,
+                                              element_strides, interleave, swizzle, l2, fill);
+  });
+}
+
+GMEM_EXPORT CUresult cuTensorMapEncodeIm2colWide(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                                 void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                                                 int lower, int upper, cuuint32_t channels, cuuint32_t pixels,
+                                                 const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                                 CUtensorMapIm2ColWideMode mode, CUtensorMapSwizzle swizzle,
+                                                 CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill) {
+  return encode(map, address, [&] {
+    return GMEM_REAL(cuTensorMapEncodeIm2colWide)(map, type, rank, address, dims, strides, lower, upper, channels,
+                                                  pixels, element_strides, interleave, mode, swizzle, l2, fill);
+  });
+}
+
+GMEM_EXPORT CUresult cuTensorMapReplaceAddress(CUtensorMap* map, void* address) {
+  return encode(map, address, [&] { return GMEM_REAL(cuTensorMapReplaceAddress)(map, address); });
 }
 
 GMEM_EXPORT CUresult cuModuleUnload(CUmodule module) {

@@ -13,6 +13,7 @@
 #include "gmem/internal/log.h"
 #include "interpose/driver_table.h"
 #include "interpose/gate.h"
+#include "interpose/tensor_maps.h"
 #include "interpose/torch_retry.h"
 #include "ipc/exporter.h"
 #include "ipc/host_lease.h"
@@ -89,6 +90,10 @@ void print_report() {
                                             the_runtime->pool->mover(), &the_runtime->pool->uses(),
                                             the_runtime->pool->evictor());
     if (the_runtime->host_lease) text += the_runtime->host_lease->report();
+    if (const tensor_maps::Figures maps = tensor_maps::figures(); maps.encoded) {
+      text += "gmem: report tensor-maps encoded=" + std::to_string(maps.encoded) +
+              " address_word=" + std::to_string(maps.address_word) + "\n";
+    }
     fputs(text.c_str(), stderr);
   }
 }

@@ -4,7 +4,10 @@
 // the emulator; cuFuncGetParamInfo answers their layout as the driver does.
 // A launch checks its arguments as the driver does and runs nothing, but a
 // pointer parameter into a VMM reservation where nothing is mapped with access
-// faults the context, as the kernel's first load through it would on a GPU.
+// faults the context, as the kernel's first load through it would on a GPU;
+// so does a tensor map parameter over such memory. The emulator's tensor maps
+// keep their address where no aligned word of theirs shows it (a tensor map
+// is opaque: interpose/tensor_maps.h).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +16,35 @@
 
 namespace emu {
 namespace {
+
+constexpr uint32_t tensor_map_magic = 0x50414d54;  // "TMAP"
+constexpr uint64_t tensor_map_mask = 0xa5a5a5a5a5a5a5a5ull;
+
+// The emulator's encoding: the magic, then the address masked at byte 4.
+void encode_tensor_map(CUtensorMap* map, const void* address) {
+  std::memset(map, 0, sizeof *map);
+  const uint64_t masked = reinterpret_cast<uint64_t>(address) ^ tensor_map_mask;
+  std::memcpy(reinterpret_cast<char*>(map), &tensor_map_magic, 4);
+  std::memcpy(reinterpret_cast<char*>(map) + 4, &masked, 8);
+}
+
+// The address of the emulator's tensor map at `bytes`; 0 if none is there.
+CUdeviceptr tensor_map_address(const char* bytes) {
+  uint32_t magic;
+  std::memcpy(&magic, bytes, 4);
+  if (magic != tensor_map_magic) return 0;
+  uint64_t masked;
+  std::memcpy(&masked, bytes + 4, 8);
+  return masked ^ tensor_map_mask;
+}
+
+// Whether a kernel reading `word` would fault: inside a VMM reservation, with
+// nothing mapped there with access.
+bool faults(CUdeviceptr word) {
+  const auto& reservations = state().reservations;
+  auto r = reservations.upper_bound(word);
+  return r != reservations.begin() && word < std::prev(r)->first + std::prev(r)->second && !accessible(word, 1, false);
+}
 
 struct Function {
   std::string name;
@@ -84,15 +116,11 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
   if (!gx || !gy || !gz || !bx || !by || !bz || uint64_t(bx) * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
   if (params && extra) return CUDA_ERROR_INVALID_VALUE;
   if (!fn->params.empty() && !params && !extra) return CUDA_ERROR_INVALID_VALUE;
-  const auto& reservations = state().reservations;
   for (std::size_t i = 0; params && i < fn->params.size(); ++i) {
-    if (fn->params[i].second != sizeof(CUdeviceptr)) continue;
-    CUdeviceptr word;
-    std::memcpy(&word, params[i], sizeof word);
-    auto r = reservations.upper_bound(word);
-    if (r != reservations.begin() && word < std::prev(r)->first + std::prev(r)->second && !accessible(word, 1, false)) {
-      state().fault = CUDA_ERROR_ILLEGAL_ADDRESS;
-    }
+    CUdeviceptr word = 0;
+    if (fn->params[i].second == sizeof word) std::memcpy(&word, params[i], sizeof word);
+    if (fn->params[i].second == sizeof(CUtensorMap)) word = tensor_map_address(static_cast<const char*>(params[i]));
+    if (word && faults(word)) state().fault = CUDA_ERROR_ILLEGAL_ADDRESS;
   }
   return CUDA_SUCCESS;
 }
@@ -131,6 +159,25 @@ EMU_API CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, cons
     }
   }
   return CUDA_ERROR_NOT_FOUND;
+}
+
+EMU_API CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType, cuuint32_t rank, void* address,
+                                        const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                        CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                        CUtensorMapFloatOOBfill) {
+  if (CUresult r = init_check()) return r;
+  if (!map || !address || rank == 0 || rank > 5 || reinterpret_cast<uint64_t>(address) % 16) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  encode_tensor_map(map, address);
+  return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuTensorMapReplaceAddress(CUtensorMap* map, void* address) {
+  if (CUresult r = init_check()) return r;
+  if (!map || !address || reinterpret_cast<uint64_t>(address) % 16) return CUDA_ERROR_INVALID_VALUE;
+  encode_tensor_map(map, address);
+  return CUDA_SUCCESS;
 }
 
 EMU_API CUresult cuModuleUnload(CUmodule module) {

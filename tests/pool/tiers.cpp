@@ -1083,6 +1083,37 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
   check(a, 96 * mib, 1);
 }
 
+// A kernel that takes a tensor map of a parked allocation (TMA: its address
+// is no word of the parameters, interpose/tensor_maps.h) finds it mapped.
+TEST_F(EvictPark, ALaunchWithATensorMapOfAParkedAllocationMapsItFirst) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  fill(a, 96 * mib, 1);
+  fill(b, 96 * mib, 2);
+  CUdeviceptr c = alloc(96 * mib);
+  fill(c, 96 * mib, 3);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  CUtensorMap map;
+  const cuuint64_t dims[] = {96 * mib};
+  const cuuint32_t box[] = {256}, strides[] = {1};
+  ASSERT_EQ(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<void*>(a), dims, nullptr,
+                                   box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            CUDA_SUCCESS);
+  CUmodule module = nullptr;
+  CUfunction kernel = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&module, ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                      ".visible .entry tma(.param .align 64 .b8 map[128]) { ret; }\n"),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&kernel, module, "tma"), CUDA_SUCCESS);
+  void* params[] = {&map};
+  ASSERT_EQ(cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS) << "the kernel read unmapped memory";
+  check(a, 96 * mib, 1);
+  EXPECT_EQ(cuModuleUnload(module), CUDA_SUCCESS);
+}
+
 // A set of a parked allocation, and a copy from one, find it mapped or back
 // (the gate's reference check): the emulator's sets and copies fail on
 // unmapped memory.
