@@ -1053,21 +1053,29 @@ TEST_F(Evict, CopiesRunningThroughMovesKeepTheirData) {
 // moves off is parked: its addresses unmapped, its content in host chunks
 // mapped at addresses of their own, until a call references it
 // (VmmPool::park_evictions).
-using EvictPark = Tiers;
+class EvictPark : public Tiers {
+ protected:
+  // a, b and c of 96 MiB (patterns 1, 2 and 3): c spills, and the evictor
+  // parks a, the oldest.
+  std::array<CUdeviceptr, 3> park_the_oldest() {
+    CUdeviceptr a = alloc(96 * mib);
+    CUdeviceptr b = alloc(96 * mib);
+    fill(a, 96 * mib, 1);
+    fill(b, 96 * mib, 2);
+    CUdeviceptr c = alloc(96 * mib);
+    fill(c, 96 * mib, 3);
+    EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
+    EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+    return {a, b, c};
+  }
+};
 
 // A launch of a parked allocation has it mapped first (the emulator's launch
 // faults the context on a pointer into unmapped memory), and the content is
 // the allocation's; the evictor brings it back from the host chunks once
 // room opens.
 TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
-  CUdeviceptr a = alloc(96 * mib);
-  CUdeviceptr b = alloc(96 * mib);
-  fill(a, 96 * mib, 1);
-  fill(b, 96 * mib, 2);
-  CUdeviceptr c = alloc(96 * mib);
-  fill(c, 96 * mib, 3);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
-  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  const auto [a, b, c] = park_the_oldest();
   {
     // Launched all through: in use, it is not evicted again meanwhile.
     Launcher user(ctx_, a, std::chrono::milliseconds(1));
@@ -1086,14 +1094,7 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
 // A kernel that takes a tensor map of a parked allocation (TMA: its address
 // is no word of the parameters, interpose/tensor_maps.h) finds it mapped.
 TEST_F(EvictPark, ALaunchWithATensorMapOfAParkedAllocationMapsItFirst) {
-  CUdeviceptr a = alloc(96 * mib);
-  CUdeviceptr b = alloc(96 * mib);
-  fill(a, 96 * mib, 1);
-  fill(b, 96 * mib, 2);
-  CUdeviceptr c = alloc(96 * mib);
-  fill(c, 96 * mib, 3);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
-  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  const auto [a, b, c] = park_the_oldest();
   CUtensorMap map;
   const cuuint64_t dims[] = {96 * mib};
   const cuuint32_t box[] = {256}, strides[] = {1};
@@ -1118,14 +1119,7 @@ TEST_F(EvictPark, ALaunchWithATensorMapOfAParkedAllocationMapsItFirst) {
 // (the gate's reference check): the emulator's sets and copies fail on
 // unmapped memory.
 TEST_F(EvictPark, ASetOrCopyOfAParkedAllocationFindsItMapped) {
-  CUdeviceptr a = alloc(96 * mib);
-  CUdeviceptr b = alloc(96 * mib);
-  fill(a, 96 * mib, 1);
-  fill(b, 96 * mib, 2);
-  CUdeviceptr c = alloc(96 * mib);
-  fill(c, 96 * mib, 3);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
-  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  const auto [a, b, c] = park_the_oldest();
   ASSERT_EQ(cuMemsetD32_v2(a + 4 * mib, 7, mib / 4), CUDA_SUCCESS);
   std::vector<uint32_t> expect = pattern(96 * mib, 1), out(expect.size());
   std::fill(expect.begin() + mib, expect.begin() + mib + mib / 4, 7u);
@@ -1142,14 +1136,7 @@ TEST_F(EvictPark, ASetOrCopyOfAParkedAllocationFindsItMapped) {
 // An allocation the evictor parked and brought back without any call
 // referencing it meanwhile comes back from the host chunks' own addresses.
 TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
-  CUdeviceptr a = alloc(96 * mib);
-  CUdeviceptr b = alloc(96 * mib);
-  fill(a, 96 * mib, 1);
-  fill(b, 96 * mib, 2);
-  CUdeviceptr c = alloc(96 * mib);
-  fill(c, 96 * mib, 3);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "not evicted";
-  EXPECT_EQ(driver_handle(a), 0u) << "evicted, and still mapped at its addresses";
+  const auto [a, b, c] = park_the_oldest();
   free(c);
   ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 0; })) << "not brought back";
   EXPECT_TRUE(on_device_0(a + 95 * mib));
