@@ -33,6 +33,7 @@ const char* const ptx = R"(
 .visible .entry two_pointers(.param .u64 a, .param .u64 b, .param .u32 n, .param .u64 c) { ret; }
 .visible .entry halves(.param .u32 lo, .param .u32 hi) { ret; }
 .visible .entry misaligned(.param .u32 x, .param .align 8 .b8 s[16]) { ret; }
+.visible .entry tma(.param .u32 x, .param .align 64 .b8 map[128]) { ret; }
 )";
 
 struct Figures {
@@ -54,6 +55,7 @@ class Access : public ::testing::Test {
     ASSERT_EQ(cuModuleGetFunction(&two_, module_, "two_pointers"), CUDA_SUCCESS);
     ASSERT_EQ(cuModuleGetFunction(&halves_, module_, "halves"), CUDA_SUCCESS);
     ASSERT_EQ(cuModuleGetFunction(&misaligned_, module_, "misaligned"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&tma_, module_, "tma"), CUDA_SUCCESS);
     if (!two_allocations_) return;
     ASSERT_EQ(cuMemAlloc_v2(&on_device_, 8 * mib), CUDA_SUCCESS);
     ASSERT_EQ(cuMemAlloc_v2(&spilled_, 16 * mib), CUDA_SUCCESS);
@@ -78,7 +80,7 @@ class Access : public ::testing::Test {
   bool two_allocations_ = true;  // on_device_ and spilled_, made in SetUp
   CUcontext ctx_ = nullptr;
   CUmodule module_ = nullptr;
-  CUfunction two_ = nullptr, halves_ = nullptr, misaligned_ = nullptr;
+  CUfunction two_ = nullptr, halves_ = nullptr, misaligned_ = nullptr, tma_ = nullptr;
   CUdeviceptr on_device_ = 0, spilled_ = 0;
   uint64_t host_ = 0;
 };
@@ -137,6 +139,32 @@ TEST_F(Track, OnlyAlignedWordsOfOneParameterAreReferences) {
   std::memcpy(s + 8, &spilled_, 8);  // the structure's second aligned word
   ASSERT_EQ(cuLaunchKernel(misaligned_, 1, 1, 1, 1, 1, 1, 0, nullptr, misaligned, nullptr), CUDA_SUCCESS);
   EXPECT_EQ(figures().launches, before.launches + 1);
+  EXPECT_EQ(figures().host - before.host, host_);
+}
+
+// A tensor map passed by value counts for the memory it was encoded over,
+// though its address is no aligned word of it (the emulator's encoding, as the
+// driver's is opaque: interpose/tensor_maps.h). cuTensorMapEncodeTiled is
+// found through cuGetProcAddress, as libraries find it.
+TEST_F(Track, ATensorMapCountsForTheMemoryItDescribes) {
+  const Figures before = figures();
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status;
+  ASSERT_EQ(cuGetProcAddress_v2("cuTensorMapEncodeTiled", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status),
+            CUDA_SUCCESS);
+  ASSERT_NE(fn, nullptr);
+  CUtensorMap map;
+  const cuuint64_t dims[] = {16 * mib};
+  const cuuint32_t box[] = {256}, strides[] = {1};
+  ASSERT_EQ(reinterpret_cast<decltype(&cuTensorMapEncodeTiled)>(fn)(
+                &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<void*>(spilled_ + mib), dims, nullptr, box,
+                strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            CUDA_SUCCESS);
+  uint32_t x = 0;
+  void* params[] = {&x, &map};
+  ASSERT_EQ(cuLaunchKernel(tma_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(figures().launches - before.launches, 1u);
   EXPECT_EQ(figures().host - before.host, host_);
 }
 
