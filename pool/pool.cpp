@@ -69,11 +69,12 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   }
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
+  const Uses::Request use = uses_.request(a.device, a.size);
   if (evictor_ && a.size >= Uses::min_size && !quiet() && tiers_->spilled(a.device)) {
     mover_->spilled(now_ns());  // a request short of room keeps the mover's thread evicting
-    evictor_->make_room(a.device, a.size);
+    // Only what the plan (placing by use) leaves to the device waits for room there.
+    if (a.size > use.off_device) evictor_->make_room(a.device, a.size - use.off_device);
   }
-  const Uses::Request use = uses_.request(a.device, a.size);
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
   // Whether the GPU ran out of work while the pool made a range: the time
   // was then the step's, not hidden behind queued kernels. Never while a
