@@ -288,7 +288,8 @@ gmem_lazy_common:
 
     /* A gated function (%r11: its index): while references are checked
        (gmem_gate_check_on), gmem_gate_check_references sees what it may
-       touch, before it counts; then it is counted as it enters
+       touch and, where it lets the call go, counts it itself (it returns 1:
+       on to gmem_gate_counted); else the call is counted as it enters
        (gmem_gate_entries) and in flight while it runs; while the gate is
        closed, it waits in gmem_gate_wait before it starts, and is checked
        again. It is called rather than jumped to, so its stack arguments are

@@ -1,7 +1,7 @@
 // The gate's reference check (interpose/gate.h) through the generated
 // trampolines, forwarding to the emulated driver: each gated copy, set or
-// stream memory operation shows the check what it may touch, before it counts
-// in flight. This program links the trampolines itself (no shim, no pool):
+// stream memory operation shows the check what it may touch, while it counts
+// in flight (the check acts, where it must, outside the count). This program links the trampolines itself (no shim, no pool):
 // its gmem_resolve_driver fills their table from the emulator.
 #include <dlfcn.h>
 
