@@ -1,7 +1,9 @@
 // The shim's cost, against the real driver in the same process: a forwarded
 // call, a call that passes the submission gate, launches of kernels of 1, 8
 // and 64 pointer parameters into distinct pool ranges (counted by the launch
-// hooks with pool:vmm: pool/access.h), and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
+// hooks with pool:vmm: pool/access.h), of one of 2 KiB of parameters before
+// and after a tensor map was encoded (then its 64-byte windows are looked up:
+// interpose/tensor_maps.h), and intercepted alloc+free pairs (cuMemAlloc/cuMemFree and
 // cuMemAllocAsync/cuMemFreeAsync). Run it with libcuda.so.1 resolving to the
 // shim (LD_PRELOAD or LD_LIBRARY_PATH); "native" calls go straight to the real
 // driver the shim loaded. Prints BENCH lines, names prefixed by
@@ -70,6 +72,7 @@ bool tracked_launches(decltype(&cuLaunchKernel) shim_launch, decltype(&cuLaunchK
     for (int i = 0; i < n; ++i) ptx += std::string(i ? ", " : "") + ".param .u64 p" + std::to_string(i);
     ptx += ") { ret; }\n";
   }
+  ptx += ".visible .entry bytes_2k(.param .align 64 .b8 s[2048]) { ret; }\n";
   CUmodule module;
   if (CUresult r = cuModuleLoadData(&module, ptx.c_str())) {
     fprintf(stderr, "bench_shim: cuModuleLoadData: error %d\n", r);
@@ -94,6 +97,25 @@ bool tracked_launches(decltype(&cuLaunchKernel) shim_launch, decltype(&cuLaunchK
     compare("tracked_launch_" + std::to_string(n), 256, [&] { launch(shim_launch); }, [&] { launch(real_launch); },
             1, "ns", 400, [&] { failed |= cuCtxSynchronize() != CUDA_SUCCESS; });
   }
+  CUfunction big;
+  if (cuModuleGetFunction(&big, module, "bytes_2k")) return false;
+  std::vector<unsigned char> bytes(2048, 1);
+  void* big_params[] = {bytes.data()};
+  auto launch_big = [&](decltype(&cuLaunchKernel) call) {
+    failed |= call(big, 1, 1, 1, 1, 1, 1, 0, nullptr, big_params, nullptr) != CUDA_SUCCESS;
+  };
+  auto compare_big = [&](const std::string& name) {
+    compare(name, 256, [&] { launch_big(shim_launch); }, [&] { launch_big(real_launch); }, 1, "ns", 400,
+            [&] { failed |= cuCtxSynchronize() != CUDA_SUCCESS; });
+  };
+  compare_big("tracked_launch_2k");
+  CUtensorMap map;
+  const cuuint64_t dims[] = {4 << 20};
+  const cuuint32_t box[] = {256}, strides[] = {1};
+  failed |= cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<void*>(buffers[0]), dims,
+                                   nullptr, box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
+  compare_big("tracked_launch_2k_after_tensor_map");
   if (failed || cuCtxSynchronize()) fprintf(stderr, "bench_shim: a launch failed\n");
   for (CUdeviceptr b : buffers) failed |= cuMemFree_v2(b) != CUDA_SUCCESS;
   return !failed && cuModuleUnload(module) == CUDA_SUCCESS;
