@@ -171,6 +171,18 @@ class AccessTable {
   void set_parked(AccessRecord& record, bool parked);
   bool any_parked() const { return parked_.load(std::memory_order_acquire) != 0; }
 
+  // The records of the ranges over [ptr, ptr + bytes), in order, as long as
+  // they follow on each other; until `visit` returns false. Lock-free.
+  template <typename Visit>
+  void for_each_record(CUdeviceptr ptr, std::size_t bytes, Visit&& visit) const {
+    const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
+    for (CUdeviceptr at = ptr; at < end;) {
+      const AccessRecord* record = find(at);
+      if (!record || !visit(*record)) return;
+      at = record->base() + record->size();
+    }
+  }
+
   // Records ever made (ids run from 0 to this, less one).
   uint32_t records() const { return made_.load(std::memory_order_acquire); }
 

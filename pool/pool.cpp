@@ -134,27 +134,17 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
 }
 
 bool Pool::parked(CUdeviceptr ptr, std::size_t bytes) const {
-  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
-  for (CUdeviceptr at = ptr; access_ && at < end;) {
-    const AccessRecord* record = access_->find(at);
-    if (!record) return false;
-    if (record->parked()) return true;
-    at = record->base() + record->size();
-  }
-  return false;
+  bool parked = false;
+  if (access_) access_->for_each_record(ptr, bytes, [&](const AccessRecord& r) { return !(parked = r.parked()); });
+  return parked;
 }
 
 void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   if (!vmm_ || !access_) return;
-  bool parked = false;
-  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
-  for (CUdeviceptr at = ptr; at < end;) {
-    const AccessRecord* record = access_->find(at);
-    if (!record) break;
-    if (record->parked() && !(evictor_ && evictor_->bring_back(record->base(), *record))) parked = true;
-    at = record->base() + record->size();
-  }
-  if (parked) vmm_->unpark(ptr, bytes);
+  access_->for_each_record(ptr, bytes, [&](const AccessRecord& r) {
+    if (r.parked() && !(evictor_ && evictor_->bring_back(r.base(), r))) vmm_->unpark(r.base());
+    return true;
+  });
 }
 
 void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {

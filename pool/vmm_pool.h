@@ -234,9 +234,9 @@ class VmmPool {
   // parking leaves it; a move back copies from the host chunks' own addresses.
   void park_evictions() { park_ = true; }
   bool parks() const { return park_; }
-  // The parked ranges overlapping [ptr, ptr + bytes) mapped onto their host
-  // chunks (after any move of theirs ends); unpark_all(): every parked range.
-  void unpark(CUdeviceptr ptr, std::size_t bytes);
+  // The range holding `ptr` mapped onto its host chunks where parked (after
+  // any move of its ends); unpark_all(): every parked range.
+  void unpark(CUdeviceptr ptr);
   void unpark_all();
   // Only while nothing else runs (the program's submissions held and its
   // contexts synchronized, the range's context current): the live range at
@@ -294,6 +294,8 @@ class VmmPool {
   Range* settled(std::unique_lock<std::mutex>& lock, CUdeviceptr ptr);
   // Under the lock: `range`'s parked chunks mapped at its addresses.
   void unpark_locked(Range& range);
+  // The launch hooks' record of `range` says whether it is parked now.
+  void tell_parked(const Range& range);
   // `piece` parked at `at` in its range, or no longer: the tiers place its
   // bytes there as if it were mapped (the stats, the launch hooks' figures).
   void place_parked(Piece& piece, CUdeviceptr at, bool parked);

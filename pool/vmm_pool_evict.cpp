@@ -254,9 +254,7 @@ void VmmPool::finish_move(Move& move, bool done) {
     b.work.parked_bytes += parking ? move.bytes : 0;
     books_.publish(move.device, GMEM_STAT_mappings, int64_t(maps) - int64_t(unmaps));
     range.blocks[0].chunks = uint16_t(std::min<std::size_t>(range.pieces.size(), UINT16_MAX));
-    if (AccessRecord* record = access_ ? access_->find(range.va.base()) : nullptr) {
-      access_->set_parked(*record, range.parked());
-    }
+    tell_parked(range);
   }
   range.moving = false;
   moved_.notify_all();
@@ -297,19 +295,18 @@ void VmmPool::unpark_locked(Range& range) {
   b.work.unparked_bytes += bytes;
   b.work.maps += maps;
   books_.publish(range.device, GMEM_STAT_mappings, int64_t(maps));
+  tell_parked(range);
+}
+
+void VmmPool::tell_parked(const Range& range) {
   if (AccessRecord* record = access_ ? access_->find(range.va.base()) : nullptr) {
     access_->set_parked(*record, range.parked());
   }
 }
 
-void VmmPool::unpark(CUdeviceptr ptr, std::size_t bytes) {
+void VmmPool::unpark(CUdeviceptr ptr) {
   std::unique_lock lock(mutex_);
-  const CUdeviceptr end = bytes > UINT64_MAX - ptr ? UINT64_MAX : ptr + bytes;
-  for (CUdeviceptr at = ptr; at < end;) {
-    Range* range = settled(lock, at);
-    if (!range) break;
-    at = range->va.base() + range->va.size();
-  }
+  settled(lock, ptr);
 }
 
 void VmmPool::unpark_all() {
