@@ -9,15 +9,16 @@
 extern "C" {
 extern void* gmem_real_table[];
 extern void* const gmem_export_table[];
-extern void* const gmem_trampoline_table[];
+extern void* const gmem_trampoline_table[];  // null where the trampoline gates
 // Called once, from the first driver call (trampoline or hook), in any thread.
 void gmem_resolve_driver();
 }
 
 namespace gmem {
 
-// True for a function the shim implements itself rather than forwards.
-inline bool is_hooked(unsigned index) { return gmem_export_table[index] != gmem_trampoline_table[index]; }
+// True for a function the shim implements itself or gates rather than only
+// forwards: cuGetProcAddress answers the shim's own export for it.
+inline bool is_intercepted(unsigned index) { return gmem_export_table[index] != gmem_trampoline_table[index]; }
 
 }  // namespace gmem
 

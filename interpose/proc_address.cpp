@@ -1,6 +1,8 @@
 // cuGetProcAddress: the real driver answers every request (status, version
-// checks, the pointer); for a function the shim hooks, its pointer is then
-// replaced by the shim's own function of the ABI the caller asked for.
+// checks, the pointer); for a function the shim hooks or gates, its pointer is
+// then replaced by the shim's own function of the ABI the caller asked for
+// (cudart finds every driver function so: a copy it submits must pass the
+// gate as a launch does).
 #include <cudaTypedefs.h>
 
 #include "interpose/driver_table.h"
@@ -12,7 +14,7 @@ namespace gmem {
 void* route_proc_address(const char* symbol, int version, unsigned long long flags, void* real) {
   if (!symbol || !real || !runtime().pool) return real;
   int index = find_proc(symbol, version, flags).index;
-  if (index >= 0 && is_hooked(static_cast<unsigned>(index))) return gmem_export_table[index];
+  if (index >= 0 && is_intercepted(static_cast<unsigned>(index))) return gmem_export_table[index];
   return real;
 }
 

@@ -369,7 +369,8 @@ gmem_real_table:
         for i in range(len(names)):
             f.write(f"    .quad gmem_lazy_{i}\n")
         # Our own export of each function (the hook where there is one), for
-        # cuGetProcAddress, and the trampoline, to tell hooked functions apart.
+        # cuGetProcAddress, and the trampoline where it only forwards (0 where
+        # it gates), to tell the functions the shim must see apart.
         f.write("\n    .section .data.rel.ro\n    .p2align 3\n"
                 "    .globl gmem_export_table\n    .hidden gmem_export_table\n"
                 "gmem_export_table:\n")
@@ -377,8 +378,8 @@ gmem_real_table:
             f.write(f"    .quad {name}\n")
         f.write("    .globl gmem_trampoline_table\n    .hidden gmem_trampoline_table\n"
                 "gmem_trampoline_table:\n")
-        for i in range(len(names)):
-            f.write(f"    .quad gmem_trampoline_{i}\n")
+        for i, name in enumerate(names):
+            f.write("    .quad 0\n" if name in gated else f"    .quad gmem_trampoline_{i}\n")
         f.write('    .section .note.GNU-stack,"",@progbits\n')
 
 

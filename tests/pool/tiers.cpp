@@ -1133,6 +1133,22 @@ TEST_F(EvictPark, ASetOrCopyOfAParkedAllocationFindsItMapped) {
   check(b, 96 * mib, 2);
 }
 
+// The same through cuGetProcAddress, as cudart (and so PyTorch and cuBLAS)
+// finds every driver function: the pointer it answers passes the gate too.
+TEST_F(EvictPark, ASetFoundThroughCuGetProcAddressFindsItMapped) {
+  const auto [a, b, c] = park_the_oldest();
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status;
+  ASSERT_EQ(cuGetProcAddress_v2("cuMemsetD8Async", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status), CUDA_SUCCESS);
+  ASSERT_NE(fn, nullptr);
+  ASSERT_EQ(reinterpret_cast<decltype(&cuMemsetD8Async)>(fn)(a + 4 * mib, 7, mib, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  std::vector<uint32_t> expect = pattern(96 * mib, 1), out(expect.size());
+  std::fill(expect.begin() + mib, expect.begin() + mib + mib / 4, 0x07070707u);
+  ASSERT_EQ(cuMemcpyDtoH_v2(out.data(), a, 96 * mib), CUDA_SUCCESS);
+  EXPECT_TRUE(out == expect);
+}
+
 // An allocation the evictor parked and brought back without any call
 // referencing it meanwhile comes back from the host chunks' own addresses.
 TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
