@@ -5,7 +5,11 @@
 // parameters the launch hooks look at (interpose/hooks_launch.cpp). The hooks
 // of cuTensorMapEncode* and cuTensorMapReplaceAddress tell the maps here, and
 // launches look up each 64-byte-aligned 128-byte window of their parameters.
-// The most recent maps are kept (libraries encode them per call).
+// The most recent maps are kept (libraries encode them per call). Driver 580
+// on an H100 stores the address as bytes 0-7 of the map, which the word scan
+// reads anyway, and cuBLAS encodes no map through the driver
+// (docs/results.md, twenty-seventh session): the lookup guards against a
+// driver whose encoding hides it, as the format is not documented.
 #pragma once
 
 #include <cuda.h>
