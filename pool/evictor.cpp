@@ -21,6 +21,7 @@ void Evictor::look() {
   {
     std::lock_guard lock(mutex_);
     ++looks_;
+    looked_ns_ = now_ns();
   }
   looked_.notify_all();
 }
@@ -64,6 +65,7 @@ bool Evictor::wait_moves(uint64_t since) {
 
 bool Evictor::bring_back(CUdeviceptr base, const AccessRecord& record) {
   std::unique_lock lock(mutex_);
+  if (!moving_ && now_ns() - looked_ns_ > std::chrono::nanoseconds(stopped).count()) return false;
   ++work_.urgent;
   urgent_.push_back(base);
   auto asked = [&] { return std::find(urgent_.begin(), urgent_.end(), base) != urgent_.end(); };

@@ -113,8 +113,11 @@ class Evictor {
   // A call is about to reference the parked range at `base` (the calling
   // thread, outside the gate; VmmPool::park_evictions): the evictor's next
   // look brings it back first where the device has room for it, and says no
-  // otherwise. Whether `record` is parked no more (at most 1 s).
+  // otherwise. Whether `record` is parked no more (at most 1 s). No at once
+  // where the evictor has stopped looking (spills ended: no look for
+  // `stopped` and no batch under way).
   bool bring_back(CUdeviceptr base, const AccessRecord& record);
+  static constexpr std::chrono::milliseconds stopped{100};
 
   struct Work {
     uint64_t rounds = 0;     // batches moved
@@ -186,11 +189,12 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, looks_, wanted_, stuck_, moving_
+  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, wanted_, stuck_, moving_, urgent_
   std::condition_variable looked_, moved_;
   bool moving_ = false;  // a batch of moves is under way
   uint64_t ended_ = 0;   // batches of moves ended
   uint64_t looks_ = 0;
+  int64_t looked_ns_ = 0;  // when the last look ended
   Work work_;
   // Per device: the largest request waiting in make_room, and whether the
   // last look found nothing it could move for it.

@@ -97,8 +97,8 @@
     "addresses left unmapped until a call references it (then mapped onto those "     \
     "host chunks first) or the evictor brings it back; no host chunk is given the "  \
     "device's access at each move. A kernel that reaches a parked allocation "       \
-    "through a reference gmem does not see faults (the LM at 2.2x the H100 did, in " \
-    "a cuBLAS GEMM: docs/eviction.md): an experiment, off by default")               \
+    "through a reference gmem does not see (a pointer kept in device memory) "        \
+    "faults: off by default (docs/eviction.md)")                                      \
   X(bring_in, bring_in, "tried",                                                     \
     "with pool:vmm, track_access and migrate_after_ms (not evict), a kernel launch "  \
     "whose parameters reference a large allocation lying partly in host memory "      \

@@ -1091,6 +1091,27 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
   check(a, 96 * mib, 1);
 }
 
+// Once spills have ended, the evictor looks no more: a launch of a range
+// still parked has it mapped at once, rather than wait (1 s) for a look
+// that does not come. Its own meson run (evict-park-stopped): the mover
+// counts spills as ended after twice the longest gap between spills in the
+// process (pool/mover.h), all of them within park_the_oldest here.
+TEST_F(EvictPark, ALaunchAfterSpillsEndedMapsItAtOnce) {
+  const auto began = std::chrono::steady_clock::now();
+  const auto [a, b, c] = park_the_oldest();
+  std::this_thread::sleep_for((std::chrono::steady_clock::now() - began) * 2 + std::chrono::milliseconds(500));
+  ASSERT_EQ(driver_handle(a), 0u) << "a no longer parked";
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Launcher user(ctx_, a, std::chrono::hours(1));  // returns once it launched
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(800)) << "the launch waited for a look";
+    EXPECT_NE(driver_handle(a + 95 * mib), 0u) << "not mapped once launched";
+    EXPECT_EQ(user.failed(), 0);
+  }
+  EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS) << "a launch read unmapped memory";
+  check(a, 96 * mib, 1);
+}
+
 // A kernel that takes a tensor map of a parked allocation (TMA: its address
 // is no word of the parameters, interpose/tensor_maps.h) finds it mapped.
 TEST_F(EvictPark, ALaunchWithATensorMapOfAParkedAllocationMapsItFirst) {
