@@ -67,11 +67,13 @@ bool Evictor::bring_back(CUdeviceptr base, const AccessRecord& record) {
   std::unique_lock lock(mutex_);
   if (!moving_ && now_ns() - looked_ns_ > std::chrono::nanoseconds(stopped).count()) return false;
   ++work_.urgent;
+  const int64_t start = now_ns();
   urgent_.push_back(base);
   auto asked = [&] { return std::find(urgent_.begin(), urgent_.end(), base) != urgent_.end(); };
   moved_.wait_for(lock, std::chrono::seconds(1), [&] { return !record.parked() || !asked(); });
   if (auto it = std::find(urgent_.begin(), urgent_.end(), base); it != urgent_.end()) urgent_.erase(it);
   work_.urgent_back += !record.parked();
+  work_.urgent_ns += uint64_t(now_ns() - start);
   return !record.parked();
 }
 

@@ -137,6 +137,7 @@ class Evictor {
     uint64_t waits_stuck = 0, waits_expired = 0;
     uint64_t retries = 0;  // requests out of memory that waited for a batch to end (wait_moves)
     uint64_t urgent = 0, urgent_back = 0;  // bring_back's calls, and those it brought back
+    uint64_t urgent_ns = 0;                // the calls held in bring_back meanwhile
   };
   Work work() const;
 

@@ -73,7 +73,8 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
            " copy_wait_us=" + std::to_string(w.copy_wait_ns / 1000) + " waits=" + std::to_string(w.waits) +
            " wait_us=" + std::to_string(w.wait_ns / 1000) + " waits_stuck=" + std::to_string(w.waits_stuck) +
            " waits_expired=" + std::to_string(w.waits_expired) + " retries=" + std::to_string(w.retries) +
-           " urgent=" + std::to_string(w.urgent) + " urgent_back=" + std::to_string(w.urgent_back) + "\n";
+           " urgent=" + std::to_string(w.urgent) + " urgent_back=" + std::to_string(w.urgent_back) +
+           " urgent_us=" + std::to_string(w.urgent_ns / 1000) + "\n";
   }
   if (uses) out += uses->report();
   return out;
