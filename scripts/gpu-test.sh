@@ -9,8 +9,8 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     spill-train-peer, spill-uses, torch-default-lm, torch-default-losses) run
-#     only when named in full.
+#     spill-train-peer, spill-uses, spill-park-lm, torch-default-lm,
+#     torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -548,14 +548,20 @@ fi
 # $out/spill-uses/), and tests/traces/copy_floor.py prints each step's floor
 # if the pool moved memory by copy, beside the step's time; pool-policy
 # --per-step (here, on the traces brought back) gives the placement's side.
+# host_pool DIR: unless a gmemd runs, starts one with a 100 GiB host pool
+# (log in DIR) and waits until it pinned it; sets `pool` to its pid (empty if
+# one ran already), for the caller to stop.
+host_pool() {
+  pool=""
+  pgrep -x gmemd >/dev/null && return 0
+  setsid "$carry/bin/gmemd" --host-pool 100G >"$1/gmemd.log" 2>&1 &
+  pool=$!
+  for _ in $(seq 120); do grep -q "pinned in" "$1/gmemd.log" && break; sleep 1; done
+}
 spill_uses() {
-  local dir=$out/spill-uses job size trace pool="" rc=0
+  local dir=$out/spill-uses job size trace pool rc=0
   mkdir -p "$dir"
-  if ! pgrep -x gmemd >/dev/null; then
-    setsid "$carry/bin/gmemd" --host-pool 100G >"$dir/gmemd.log" 2>&1 &
-    pool=$!
-    for _ in $(seq 120); do grep -q "pinned in" "$dir/gmemd.log" && break; sleep 1; done
-  fi
+  host_pool "$dir"
   for job in lm:400 gnn:7300000; do
     size=${job#*:}
     job=${job%%:*}
@@ -571,9 +577,28 @@ spill_uses() {
   [ -n "$pool" ] && kill "$pool"
   return "$rc"
 }
-export -f spill_uses  # defined after the others were exported
+# The LM at 2.2x with the evictor parking what it moves off (evict_park:1):
+# its losses equal those placed by use. A parked range that some call reaches
+# unseen fails the run (cuBLAS's memsets through cudart did, before
+# cuGetProcAddress answered the gated trampolines: docs/eviction.md).
+spill_park_lm() {
+  local dir=$out/spill-park-lm pool conf rc=0
+  mkdir -p "$dir"
+  host_pool "$dir"
+  for conf in default:host_budget:85% park:host_budget:85%,evict:1,place_by_use:0,evict_park:1; do
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 400 --steps 3 --timeout 200 \
+      --conf "${conf#*:}" --losses "$dir/${conf%%:*}.json" || { rc=1; break; }
+  done
+  [ "$rc" = 0 ] && { python3 tests/gpu/spill_train.py --compare "$dir/default.json" "$dir/park.json" || rc=1; }
+  [ -n "$pool" ] && kill "$pool"
+  return "$rc"
+}
+export -f host_pool spill_uses spill_park_lm  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
+fi
+if named spill-park-lm; then
+  step spill-park-lm 580 spill_park_lm
 fi
 
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
