@@ -16,10 +16,12 @@
 // (closed to all but kernel launches, which wait only for the ranges they
 // reference: interpose/hooks_launch.cpp). gmem_gate_entries counts the
 // entries of gated calls other than kernel launches, before each adds itself
-// in flight (Submissions::entries).
+// in flight; gmem_gate_untouched, those of them the reference check found to
+// touch nothing a move concerns (gate_references.cpp), each after its entry
+// (Submissions::entries: the difference).
 extern "C" {
 std::atomic<long> gmem_gate_in_flight{0};
-std::atomic<unsigned long> gmem_gate_entries{0};
+std::atomic<unsigned long> gmem_gate_entries{0}, gmem_gate_untouched{0};
 std::atomic<unsigned char> gmem_gate_closed{0};
 unsigned char gmem_gate_on = 0;
 void gmem_gate_wait();
@@ -161,7 +163,10 @@ bool Submissions::mark_more(const std::function<void()>& mark) {
 
 void Submissions::end_moves() { resume(); }
 
-uint64_t Submissions::entries() const { return gmem_gate_entries.load(); }
+uint64_t Submissions::entries() const {
+  const unsigned long untouched = gmem_gate_untouched.load();  // first: an entry comes before its untouched
+  return gmem_gate_entries.load() - untouched;
+}
 
 Pass::Pass(bool launch) {
   if (!gmem_gate_on) return;

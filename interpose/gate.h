@@ -72,6 +72,12 @@ struct Reference {
 inline constexpr Reference unknown_reference{0, SIZE_MAX};
 inline bool is_unknown(const Reference& r) { return r.ptr == 0 && r.bytes == SIZE_MAX; }
 
+// What a check found among the references it was shown.
+struct Found {
+  bool work = false;   // looking (`act` false): a reference needs work before the call runs
+  bool moves = false;  // a reference may concern a move (it cannot tell for some)
+};
+
 // Sees the references of each gated copy, set, prefetch or stream memory
 // operation (not launches: their hooks look at their own), in the calling
 // thread. First with `act` false, while the call counts in flight (so that
@@ -81,8 +87,11 @@ inline bool is_unknown(const Reference& r) { return r.ptr == 0 && r.bytes == SIZ
 // with `act` true, free to block, take locks and call the real driver; then
 // all again. A call whose references do not fit one look is seen in several;
 // a call held by the gate is seen once it goes on. A call that touches no
-// device memory of the process's own (arrays, semaphores) is not seen.
-using ReferenceCheck = bool (*)(const Reference* refs, int count, bool act);
+// device memory of the process's own (arrays, semaphores) is not seen. A call
+// whose last look found no reference that may concern a move is not counted
+// in Submissions::entries (where the evictor sees only the calls that may
+// touch the ranges it moves or moved).
+using ReferenceCheck = Found (*)(const Reference* refs, int count, bool act);
 void set_reference_check(ReferenceCheck check);
 // Whether gated calls go to the check (off at first). Gated calls pass here
 // only once the gate is on (turn_on); while off, a gated call pays one byte

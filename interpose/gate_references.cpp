@@ -17,7 +17,7 @@ std::atomic<unsigned char> gmem_gate_check_on{0};
 unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved, const uint64_t* stack) noexcept;
 // The gate's own (gate.cpp).
 extern std::atomic<long> gmem_gate_in_flight;
-extern std::atomic<unsigned long> gmem_gate_entries;
+extern std::atomic<unsigned long> gmem_gate_entries, gmem_gate_untouched;
 extern std::atomic<unsigned char> gmem_gate_closed;
 }
 
@@ -87,18 +87,22 @@ class Seen {
     if (count_ == capacity) flush();
     refs_[count_++] = Reference{ptr, bytes};
   }
-  // Whether the check asked for work first (looking, `act` false).
-  bool flush() {
-    if (count_) wants_ |= check_(refs_, count_, act_);
+  // What the check found in all shown so far.
+  Found flush() {
+    if (count_) {
+      const Found found = check_(refs_, count_, act_);
+      found_.work |= found.work;
+      found_.moves |= found.moves;
+    }
     count_ = 0;
-    return wants_;
+    return found_;
   }
 
  private:
   static constexpr int capacity = 32;
   ReferenceCheck check_;
   bool act_;
-  bool wants_ = false;
+  Found found_;
   Reference refs_[capacity];
   int count_ = 0;
 };
@@ -234,7 +238,8 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
       gmem_gate_in_flight.fetch_sub(1);
       break;
     }
-    if (!look(false)) {
+    if (const Found found = look(false); !found.work) {
+      if (!found.moves) gmem_gate_untouched.fetch_add(1);  // after its entry: entries() never goes back
       counted = 1;
       break;
     }

@@ -66,22 +66,31 @@ pool::Budgets budgets(const Config& config) {
   return b;
 }
 
-// evict_park: a copy, set or stream memory operation that may touch parked
-// memory has it mapped (or brought back) first.
-bool unpark_references(const gate::Reference* refs, int count, bool act) {
+// With evict: what a copy, set or stream memory operation may touch. One that
+// may touch a range the evictor moves, moved or parked counts for its batches
+// (pool::Submissions::entries); one that may touch parked memory has it
+// mapped (or brought back) first.
+gate::Found look_at_references(const gate::Reference* refs, int count, bool act) {
   pool::Pool* pool = the_runtime ? the_runtime->pool : nullptr;
   const pool::AccessTable* table = pool ? pool->access() : nullptr;
-  if (!table || !table->any_parked()) return false;
-  bool parked = false;
-  for (int i = 0; i < count && !parked; ++i) parked = gate::is_unknown(refs[i]) || pool->parked(refs[i].ptr, refs[i].bytes);
-  for (int i = 0; act && i < count; ++i) {
-    if (gate::is_unknown(refs[i])) {
-      pool->unpark_all();
-    } else {
-      pool->unpark(refs[i].ptr, refs[i].bytes);
+  if (!table) return {false, true};
+  const bool any_parked = table->any_parked();
+  gate::Found found;
+  for (int i = 0; i < count; ++i) {
+    const gate::Reference& ref = refs[i];
+    if (gate::is_unknown(ref)) {
+      found = {found.work || any_parked, true};
+      if (act && any_parked) pool->unpark_all();
+      continue;
     }
+    table->for_each_record(ref.ptr, ref.bytes, [&](const pool::AccessRecord& r) {
+      found.moves = found.moves || r.watched() || r.moving() || r.parked() || r.host_bytes() || r.peer_bytes();
+      found.work = found.work || r.parked();
+      return true;
+    });
+    if (act && any_parked) pool->unpark(ref.ptr, ref.bytes);
   }
-  return parked;
+  return found;
 }
 
 void print_report() {
@@ -195,8 +204,8 @@ void initialise() {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);
       }
-      if (moving && rt->config.evict && rt->config.evict_park) {
-        gate::set_reference_check(unpark_references);
+      if (moving && rt->config.evict) {
+        gate::set_reference_check(look_at_references);
         gate::check_references(true);
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);

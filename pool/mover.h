@@ -50,8 +50,10 @@ class Submissions {
   virtual bool mark_more(const std::function<void()>& mark) = 0;
   virtual void end_moves() = 0;
   // Submitting calls other than kernel launches begun so far (each counted
-  // again when it waited for the gate): where it has not changed since the
-  // gate was last closed, no such call was submitted meanwhile.
+  // again when it waited for the gate), less those the gate's reference check
+  // found to touch no range a move concerns (interpose/gate.h): where it has
+  // not changed since the gate was last closed, no call that may touch a
+  // moving, evicted or parked range was submitted meanwhile.
   virtual uint64_t entries() const = 0;
 
  protected:

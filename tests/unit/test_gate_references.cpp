@@ -51,11 +51,13 @@ std::mutex seen_mutex;
 std::vector<Reference> seen;  // under seen_mutex
 long in_flight_at_check = -1;
 
-bool record(const Reference* refs, int count, bool) {
+bool concerns = true;  // what record answers: whether the references may concern a move
+
+Found record(const Reference* refs, int count, bool) {
   std::lock_guard lock(seen_mutex);
   seen.insert(seen.end(), refs, refs + count);
   in_flight_at_check = in_flight();
-  return false;
+  return {false, concerns};
 }
 
 std::vector<Reference> take_seen() {
@@ -78,6 +80,7 @@ class GateReferences : public ::testing::Test {
     ASSERT_EQ(cuMemAlloc(&b_, size), CUDA_SUCCESS);
     take_seen();
     in_flight_at_check = -1;
+    concerns = true;
     set_reference_check(record);
     check_references(true);
   }
@@ -213,9 +216,9 @@ TEST_F(GateReferences, ACallHeldByTheGateIsLookedAtAsItGoesOn) {
 // (free to block: nothing in flight), then looks again while counted, and
 // the call runs once a look wants nothing.
 std::vector<std::pair<bool, long>> steps;  // (act, in flight) per call of `once`
-bool once(const Reference*, int, bool act) {
+Found once(const Reference*, int, bool act) {
   steps.emplace_back(act, in_flight());
-  return steps.size() == 1;
+  return {steps.size() == 1, true};
 }
 
 TEST_F(GateReferences, ACheckThatWantsWorkActsOutsideTheCountThenLooksAgain) {
@@ -227,6 +230,25 @@ TEST_F(GateReferences, ACheckThatWantsWorkActsOutsideTheCountThenLooksAgain) {
   set_reference_check(record);
   ASSERT_EQ(cuMemcpyDtoH(&word, a_ + 12, 4), CUDA_SUCCESS);
   EXPECT_EQ(word, 9u) << "the set did not run";
+}
+
+// Submissions::entries counts the calls whose references may concern a move
+// (the evictor synchronizes again for them) and those the check cannot see,
+// not the ones it found clear.
+TEST_F(GateReferences, EntriesCountOnlyCallsThatMayConcernAMove) {
+  Submissions gate;
+  uint64_t before = gate.entries();
+  concerns = false;
+  ASSERT_EQ(cuMemsetD8_v2(a_, 1, 16), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyDtoD_v2(b_, a_, 16), CUDA_SUCCESS);
+  EXPECT_EQ(gate.entries(), before) << "a call clear of every move counted";
+  concerns = true;
+  ASSERT_EQ(cuMemsetD8_v2(a_, 1, 16), CUDA_SUCCESS);
+  EXPECT_EQ(gate.entries(), before + 1);
+  before = gate.entries();
+  check_references(false);
+  ASSERT_EQ(cuMemsetD8_v2(a_, 1, 16), CUDA_SUCCESS);
+  EXPECT_EQ(gate.entries(), before + 1) << "a call the check did not see did not count";
 }
 
 }  // namespace
