@@ -17,7 +17,8 @@
 //     range going to the host touches it (its move is cancelled: the range is
 //     in use), one that references a range coming to the device waits for it
 //     (it would read it over PCIe meanwhile), and any other submitting call
-//     (a copy, a set) is counted (Submissions::entries).
+//     (a copy, a set) that may touch a moving, evicted or parked range, as
+//     the gate's reference check tells, is counted (Submissions::entries).
 //  2. The mover's thread synchronizes the context: the work submitted before
 //     that point completes, while the program goes on submitting. Not for
 //     ranges coming back that no launch and no other call can have touched
