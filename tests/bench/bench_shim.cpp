@@ -153,6 +153,14 @@ int main() {
     return launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
   };
   compare("gated_call", 1000000, [&] { refused_launch(shim_launch); }, [&] { refused_launch(real_launch); }, 1, "ns");
+  // A set of nothing as cudart submits it, through the pointer cuGetProcAddress
+  // answers: the gated trampoline (and, with evict:1, the reference check).
+  void* found = nullptr;
+  if (cuGetProcAddress_v2("cuMemsetD8Async", &found, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr) || !found) return 1;
+  auto* volatile shim_set = reinterpret_cast<decltype(&cuMemsetD8Async)>(found);
+  auto* volatile real_set = reinterpret_cast<decltype(&cuMemsetD8Async)>(dlsym(real, "cuMemsetD8Async"));
+  compare("gated_set_by_proc_address", 1000000, [&] { shim_set(0, 0, 0, nullptr); }, [&] { real_set(0, 0, 0, nullptr); },
+          1, "ns");
 
   CUstream stream = nullptr;
   if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)) return 1;
