@@ -1095,11 +1095,13 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
 // still parked has it mapped at once, rather than wait (1 s) for a look
 // that does not come. Its own meson run (evict-park-stopped): the mover
 // counts spills as ended after twice the longest gap between spills in the
-// process (pool/mover.h), all of them within park_the_oldest here.
+// process (pool/mover.h), all of them within park_the_oldest here, and at
+// least migrate_after_ms (1000 there: on a loaded machine a shorter quiet
+// can end the looks before the first eviction).
 TEST_F(EvictPark, ALaunchAfterSpillsEndedMapsItAtOnce) {
   const auto began = std::chrono::steady_clock::now();
   const auto [a, b, c] = park_the_oldest();
-  std::this_thread::sleep_for((std::chrono::steady_clock::now() - began) * 2 + std::chrono::milliseconds(500));
+  std::this_thread::sleep_for((std::chrono::steady_clock::now() - began) * 2 + std::chrono::milliseconds(1500));
   ASSERT_EQ(driver_handle(a), 0u) << "a no longer parked";
   const auto start = std::chrono::steady_clock::now();
   {
