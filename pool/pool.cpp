@@ -133,12 +133,6 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
   }
 }
 
-bool Pool::parked(CUdeviceptr ptr, std::size_t bytes) const {
-  bool parked = false;
-  if (access_) access_->for_each_record(ptr, bytes, [&](const AccessRecord& r) { return !(parked = r.parked()); });
-  return parked;
-}
-
 void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   if (!vmm_ || !access_) return;
   access_->for_each_record(ptr, bytes, [&](const AccessRecord& r) {

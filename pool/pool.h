@@ -191,8 +191,6 @@ class Pool {
   // (outside the gate). unpark_all(): every parked range mapped (a call whose
   // references are not known).
   void unpark(CUdeviceptr ptr, std::size_t bytes);
-  // Whether some of [ptr, ptr + bytes) is parked now (lock-free).
-  bool parked(CUdeviceptr ptr, std::size_t bytes) const;
   void unpark_all() {
     if (vmm_) vmm_->unpark_all();
   }
