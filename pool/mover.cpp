@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "pool/evictor.h"
-
+#include "vmm/costs.h"
 
 namespace gmem::pool {
 
@@ -63,6 +63,7 @@ void Mover::spilled(int64_t asked_ns) {
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gmem-mover");  // as top and /proc show it
+    vmm::count_as_background();
     run();
   });
   static std::once_flag handlers;

@@ -4,6 +4,8 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "vmm/costs.h"
+
 namespace gmem::pool {
 
 namespace {
@@ -18,6 +20,26 @@ void line(std::string& out, const char* name, const KindStats& k) {
 }
 
 }  // namespace
+
+std::string format_vmm_calls() {
+  std::string out;
+  for (std::size_t c = 0; c < vmm::call_kinds; ++c) {
+    for (bool host : {false, true}) {
+      for (bool background : {false, true}) {
+        const vmm::CallFigure f = vmm::call_figure(vmm::Call(c), host, background);
+        if (!f.calls) continue;
+        char buf[256];
+        snprintf(buf, sizeof buf,
+                 "gmem: report vmm-calls call=%s memory=%s thread=%s calls=%" PRIu64 " bytes=%" PRIu64
+                 " us=%" PRIu64 "\n",
+                 vmm::call_name(vmm::Call(c)), host ? "host" : "gpu", background ? "background" : "program", f.calls,
+                 f.bytes, f.ns / 1000);
+        out += buf;
+      }
+    }
+  }
+  return out;
+}
 
 std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, const Mover* mover, const Uses* uses,
                           const Evictor* evictor) {
@@ -52,7 +74,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
              w.unparked_bytes);
     out += buf;
   }
-  if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n";
+  if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n" + format_vmm_calls();
   if (mover) {
     const Mover::Work w = mover->work();
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +

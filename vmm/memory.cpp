@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "vmm/costs.h"
+
 namespace gmem::vmm {
 
 namespace {
@@ -37,7 +39,11 @@ CUresult granularity(const Driver& driver, int device, std::size_t* out) {
 CUresult Chunk::create(const Driver& driver, Location where, std::size_t size, Chunk* out, ChunkObserver* observer) {
   CUmemAllocationProp prop = pinned_prop(where);
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status = driver.cuMemCreate(&handle, size, &prop, 0);
+  CUresult status;
+  {
+    CallTimer timer(Call::create, where.kind != Location::Kind::device, size);
+    status = driver.cuMemCreate(&handle, size, &prop, 0);
+  }
   if (status == CUDA_SUCCESS) {
     *out = Chunk(driver, handle, size);
     out->location_ = where;
@@ -53,8 +59,12 @@ CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk
 CUresult Chunk::import(const Driver& driver, int fd, std::size_t size, Chunk* out, Location where,
                        ChunkObserver* observer) {
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status = driver.cuMemImportFromShareableHandle(
-      &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult status;
+  {
+    CallTimer timer(Call::import, where.kind != Location::Kind::device, size);
+    status = driver.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  }
   if (status == CUDA_SUCCESS) {
     *out = Chunk(driver, handle, size);
     out->location_ = where;
@@ -74,43 +84,65 @@ CUresult Chunk::export_fd(int* fd) const { return vmm::export_fd(*driver_, id_, 
 Chunk::~Chunk() {
   if (!driver_) return;
   if (observer_) observer_->released(*this);
+  CallTimer timer(Call::release, location_.kind != Location::Kind::device, size_);
   driver_->cuMemRelease(id_);
 }
 
 CUresult Reservation::reserve(const Driver& driver, std::size_t size, Reservation* out) {
   CUdeviceptr base = 0;
-  CUresult status = driver.cuMemAddressReserve(&base, size, 0, 0, 0);
+  CUresult status;
+  {
+    CallTimer timer(Call::reserve, false, size);
+    status = driver.cuMemAddressReserve(&base, size, 0, 0, 0);
+  }
   if (status == CUDA_SUCCESS) *out = Reservation(driver, base, size);
   return status;
 }
 
 Reservation::~Reservation() {
-  if (driver_) driver_->cuMemAddressFree(id_, size_);
+  if (!driver_) return;
+  CallTimer timer(Call::unreserve, false, size_);
+  driver_->cuMemAddressFree(id_, size_);
 }
 
 CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device, bool read_only) {
-  CUresult status = driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0);
+  const bool host = chunk.location().kind != Location::Kind::device;
+  CUresult status;
+  {
+    CallTimer timer(Call::map, host, chunk.size());
+    status = driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0);
+  }
   if (status != CUDA_SUCCESS) return status;
   CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device},
                          read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  status = driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1);
+  {
+    CallTimer timer(Call::access, host, chunk.size());
+    status = driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1);
+  }
   if (status != CUDA_SUCCESS) {
+    CallTimer timer(Call::unmap, host, chunk.size());
     driver_->cuMemUnmap(id_ + offset, chunk.size());
     return status;
   }
-  if (ChunkObserver* observer = chunk.observer()) {
-    observed_.push_back({offset, chunk.handle(), observer});
-    observer->mapped(chunk, id_ + offset);
-  }
+  ChunkObserver* observer = chunk.observer();
+  if (observer || host) observed_.push_back({offset, chunk.handle(), observer, host});
+  if (observer) observer->mapped(chunk, id_ + offset);
   return status;
 }
 
 CUresult Reservation::unmap(std::size_t offset, std::size_t size) {
-  CUresult status = driver_->cuMemUnmap(id_ + offset, size);
+  const bool host = std::any_of(observed_.begin(), observed_.end(), [&](const Observed& o) {
+    return o.host && o.offset >= offset && o.offset < offset + size;
+  });
+  CUresult status;
+  {
+    CallTimer timer(Call::unmap, host, size);
+    status = driver_->cuMemUnmap(id_ + offset, size);
+  }
   if (status == CUDA_SUCCESS) {
     std::erase_if(observed_, [&](const Observed& o) {
       if (o.offset < offset || o.offset >= offset + size) return false;
-      o.observer->unmapped(o.handle, id_ + o.offset);
+      if (o.observer) o.observer->unmapped(o.handle, id_ + o.offset);
       return true;
     });
   }

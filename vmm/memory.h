@@ -128,11 +128,13 @@ class Reservation : public Owned {
 
  private:
   using Owned::Owned;
-  // Mapped chunks that have an observer, to tell it of their unmapping.
+  // Mapped chunks that have an observer, to tell it of their unmapping, and
+  // host chunks (vmm/costs.h counts their unmapping apart).
   struct Observed {
     std::size_t offset;
     CUmemGenericAllocationHandle handle;
-    ChunkObserver* observer;
+    ChunkObserver* observer;  // may be null
+    bool host;
   };
   std::vector<Observed> observed_;
 };

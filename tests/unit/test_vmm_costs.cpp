@@ -1,0 +1,100 @@
+// What gmem's VMM calls cost (vmm/costs.h): each call counted once, by kind,
+// memory and thread, with its bytes and its time in the driver.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "pool/report.h"
+#include "vmm/costs.h"
+#include "vmm/memory.h"
+
+namespace gmem::vmm {
+namespace {
+
+CUmemGenericAllocationHandle next_handle = 1;
+CUresult fake_create(CUmemGenericAllocationHandle* handle, std::size_t, const CUmemAllocationProp*, unsigned long long) {
+  *handle = next_handle++;
+  return CUDA_SUCCESS;
+}
+CUresult fake_release(CUmemGenericAllocationHandle) { return CUDA_SUCCESS; }
+CUresult fake_reserve(CUdeviceptr* base, std::size_t, std::size_t, CUdeviceptr, unsigned long long) {
+  *base = 0x7f0000000000;
+  return CUDA_SUCCESS;
+}
+CUresult fake_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
+CUresult fake_map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) {
+  return CUDA_SUCCESS;
+}
+// Giving the device access to host memory is the slow call (its page tables).
+CUresult fake_set_access(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return CUDA_SUCCESS;
+}
+CUresult fake_unmap(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
+
+Driver fake_driver() {
+  Driver d;
+  d.cuMemCreate = fake_create;
+  d.cuMemRelease = fake_release;
+  d.cuMemAddressReserve = fake_reserve;
+  d.cuMemAddressFree = fake_free;
+  d.cuMemMap = fake_map;
+  d.cuMemSetAccess = fake_set_access;
+  d.cuMemUnmap = fake_unmap;
+  return d;
+}
+
+TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
+  const Driver driver = fake_driver();
+  auto figure = [](Call call, bool host, bool background) { return call_figure(call, host, background); };
+  const CallFigure create_gpu = figure(Call::create, false, false), create_host = figure(Call::create, true, false);
+  const CallFigure access_host = figure(Call::access, true, false), unmap_host = figure(Call::unmap, true, false);
+  const CallFigure map_gpu_background = figure(Call::map, false, true);
+  const CallFigure release_host = figure(Call::release, true, false);
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  {
+    Chunk gpu, host;
+    ASSERT_EQ(Chunk::create(driver, 0, 2 * mib, &gpu), CUDA_SUCCESS);
+    ASSERT_EQ(Chunk::create(driver, Location::host(), 4 * mib, &host), CUDA_SUCCESS);
+    Reservation range;
+    ASSERT_EQ(Reservation::reserve(driver, 6 * mib, &range), CUDA_SUCCESS);
+    ASSERT_EQ(range.map(0, host, 0), CUDA_SUCCESS);
+    std::thread([&] {
+      count_as_background();
+      EXPECT_EQ(range.map(4 * mib, gpu, 0), CUDA_SUCCESS);
+    }).join();
+    ASSERT_EQ(range.unmap(0, 4 * mib), CUDA_SUCCESS);
+    ASSERT_EQ(range.unmap(4 * mib, 2 * mib), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(figure(Call::create, false, false).calls, create_gpu.calls + 1);
+  EXPECT_EQ(figure(Call::create, false, false).bytes, create_gpu.bytes + 2 * mib);
+  EXPECT_EQ(figure(Call::create, true, false).calls, create_host.calls + 1);
+  EXPECT_EQ(figure(Call::create, true, false).bytes, create_host.bytes + 4 * mib);
+  const CallFigure access = figure(Call::access, true, false);
+  EXPECT_EQ(access.calls, access_host.calls + 1);
+  EXPECT_GE(access.ns - access_host.ns, 2'000'000u);  // the fake's 2 ms
+  EXPECT_EQ(figure(Call::map, false, true).calls, map_gpu_background.calls + 1);
+  EXPECT_EQ(figure(Call::unmap, true, false).calls, unmap_host.calls + 1);
+  EXPECT_EQ(figure(Call::unmap, true, false).bytes, unmap_host.bytes + 4 * mib);
+  EXPECT_EQ(figure(Call::release, true, false).calls, release_host.calls + 1);
+}
+
+TEST(VmmCosts, TheReportPrintsALinePerKindOfCall) {
+  const Driver driver = fake_driver();
+  const CallFigure before = call_figure(Call::reserve, false, false);
+  {
+    Reservation range;
+    ASSERT_EQ(Reservation::reserve(driver, std::size_t{2} << 20, &range), CUDA_SUCCESS);
+  }
+  const std::string report = pool::format_vmm_calls();
+  const std::string line = "gmem: report vmm-calls call=reserve memory=gpu thread=program calls=" +
+                           std::to_string(before.calls + 1) + " bytes=" + std::to_string(before.bytes + (2 << 20)) +
+                           " us=";
+  EXPECT_NE(report.find(line), std::string::npos) << report;
+  EXPECT_NE(report.find("call=unreserve memory=gpu thread=program"), std::string::npos) << report;
+  EXPECT_EQ(report.find("call=import"), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace gmem::vmm
