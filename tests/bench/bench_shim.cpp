@@ -84,41 +84,50 @@ bool tracked_launches(decltype(&cuLaunchKernel) shim_launch, decltype(&cuLaunchK
     if (cuMemAlloc_v2(&buffers[i], 4 << 20)) return false;  // above the slab sizes: a range each
     params[i] = &buffers[i];
   }
-  bool failed = false;
+  // The first call that failed, named with its error.
+  std::string failed;
+  auto check = [&](const std::string& what, CUresult r) {
+    if (r != CUDA_SUCCESS && failed.empty()) failed = what + ": error " + std::to_string(r);
+  };
   for (int n : counts) {
     CUfunction f;
     if (cuModuleGetFunction(&f, module, ("pointers_" + std::to_string(n)).c_str())) return false;
     auto launch = [&](decltype(&cuLaunchKernel) call) {
-      failed |= call(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params.data(), nullptr) != CUDA_SUCCESS;
+      check("launch of pointers_" + std::to_string(n), call(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params.data(), nullptr));
     };
     // Rounds of 256 launches with the stream drained between them (untimed):
     // the launch queue never fills, so a round times the calls themselves,
     // not the device working through empty kernels.
     compare("tracked_launch_" + std::to_string(n), 256, [&] { launch(shim_launch); }, [&] { launch(real_launch); },
-            1, "ns", 400, [&] { failed |= cuCtxSynchronize() != CUDA_SUCCESS; });
+            1, "ns", 400, [&] { check("cuCtxSynchronize", cuCtxSynchronize()); });
   }
   CUfunction big;
   if (cuModuleGetFunction(&big, module, "bytes_2k")) return false;
   std::vector<unsigned char> bytes(2048, 1);
   void* big_params[] = {bytes.data()};
   auto launch_big = [&](decltype(&cuLaunchKernel) call) {
-    failed |= call(big, 1, 1, 1, 1, 1, 1, 0, nullptr, big_params, nullptr) != CUDA_SUCCESS;
+    check("launch of bytes_2k", call(big, 1, 1, 1, 1, 1, 1, 0, nullptr, big_params, nullptr));
   };
   auto compare_big = [&](const std::string& name) {
     compare(name, 256, [&] { launch_big(shim_launch); }, [&] { launch_big(real_launch); }, 1, "ns", 400,
-            [&] { failed |= cuCtxSynchronize() != CUDA_SUCCESS; });
+            [&] { check("cuCtxSynchronize", cuCtxSynchronize()); });
   };
   compare_big("tracked_launch_2k");
   CUtensorMap map;
-  const cuuint64_t dims[] = {4 << 20};
-  const cuuint32_t box[] = {256}, strides[] = {1};
-  failed |= cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<void*>(buffers[0]), dims,
-                                   nullptr, box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
+  // A 2-D map over the first buffer (4096 rows of 1 KiB), in 64 x 64 tiles:
+  // the driver 580 refused a 1-D one (CUDA_ERROR_INVALID_VALUE).
+  const cuuint64_t dims[] = {1024, 4096}, row_bytes[] = {1024};
+  const cuuint32_t box[] = {64, 64}, strides[] = {1, 1};
+  check("cuTensorMapEncodeTiled",
+        cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, reinterpret_cast<void*>(buffers[0]), dims,
+                               row_bytes, box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   compare_big("tracked_launch_2k_after_tensor_map");
-  if (failed || cuCtxSynchronize()) fprintf(stderr, "bench_shim: a launch failed\n");
-  for (CUdeviceptr b : buffers) failed |= cuMemFree_v2(b) != CUDA_SUCCESS;
-  return !failed && cuModuleUnload(module) == CUDA_SUCCESS;
+  check("cuCtxSynchronize", cuCtxSynchronize());
+  for (CUdeviceptr b : buffers) check("cuMemFree_v2", cuMemFree_v2(b));
+  check("cuModuleUnload", cuModuleUnload(module));
+  if (!failed.empty()) fprintf(stderr, "bench_shim: tracked launches: %s\n", failed.c_str());
+  return failed.empty();
 }
 
 }  // namespace
