@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "accounting_driver.h"
 #include "pool/report.h"
 #include "vmm/costs.h"
 #include "vmm/memory.h"
@@ -12,36 +13,16 @@
 namespace gmem::vmm {
 namespace {
 
-CUmemGenericAllocationHandle next_handle = 1;
-CUresult fake_create(CUmemGenericAllocationHandle* handle, std::size_t, const CUmemAllocationProp*, unsigned long long) {
-  *handle = next_handle++;
-  return CUDA_SUCCESS;
-}
-CUresult fake_release(CUmemGenericAllocationHandle) { return CUDA_SUCCESS; }
-CUresult fake_reserve(CUdeviceptr* base, std::size_t, std::size_t, CUdeviceptr, unsigned long long) {
-  *base = 0x7f0000000000;
-  return CUDA_SUCCESS;
-}
-CUresult fake_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-CUresult fake_map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) {
-  return CUDA_SUCCESS;
-}
-// Giving the device access to host memory is the slow call (its page tables).
-CUresult fake_set_access(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return CUDA_SUCCESS;
-}
-CUresult fake_unmap(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-
+// The accounting driver, its cuMemSetAccess made slow: giving the device
+// access to host memory is the slow call (its page tables).
 Driver fake_driver() {
-  Driver d;
-  d.cuMemCreate = fake_create;
-  d.cuMemRelease = fake_release;
-  d.cuMemAddressReserve = fake_reserve;
-  d.cuMemAddressFree = fake_free;
-  d.cuMemMap = fake_map;
-  d.cuMemSetAccess = fake_set_access;
-  d.cuMemUnmap = fake_unmap;
+  accounting::reset();
+  Driver d = accounting::driver();
+  static decltype(d.cuMemSetAccess) set_access = d.cuMemSetAccess;
+  d.cuMemSetAccess = [](CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return set_access(ptr, size, desc, count);
+  };
   return d;
 }
 
@@ -56,7 +37,7 @@ TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
   {
     Chunk gpu, host;
     ASSERT_EQ(Chunk::create(driver, 0, 2 * mib, &gpu), CUDA_SUCCESS);
-    ASSERT_EQ(Chunk::create(driver, Location::host(), 4 * mib, &host), CUDA_SUCCESS);
+    ASSERT_EQ(Chunk::create(driver, Location::host_numa(0), 4 * mib, &host), CUDA_SUCCESS);
     Reservation range;
     ASSERT_EQ(Reservation::reserve(driver, 6 * mib, &range), CUDA_SUCCESS);
     ASSERT_EQ(range.map(0, host, 0), CUDA_SUCCESS);
