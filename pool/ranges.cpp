@@ -101,7 +101,7 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   if (access_) {
     std::size_t host = 0, peer = 0;
     for (const Piece* p : range->pieces) {
-      if (p->spilled) (p->memory.location().kind == vmm::Location::Kind::device ? peer : host) += p->memory.size();
+      if (p->spilled) (p->memory.location().in_host_memory() ? host : peer) += p->memory.size();
     }
     access_->add(range->va.base(), total, device, host, peer);
   }

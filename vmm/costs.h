@@ -38,4 +38,11 @@ class CallTimer {
   int64_t start_ns_;
 };
 
+// `call()`'s result, the call timed as a `kind` of `bytes`.
+template <typename F>
+decltype(auto) timed(Call kind, bool host, std::size_t bytes, F&& call) {
+  CallTimer timer(kind, host, bytes);
+  return call();
+}
+
 }  // namespace gmem::vmm

@@ -39,11 +39,8 @@ CUresult granularity(const Driver& driver, int device, std::size_t* out) {
 CUresult Chunk::create(const Driver& driver, Location where, std::size_t size, Chunk* out, ChunkObserver* observer) {
   CUmemAllocationProp prop = pinned_prop(where);
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status;
-  {
-    CallTimer timer(Call::create, where.kind != Location::Kind::device, size);
-    status = driver.cuMemCreate(&handle, size, &prop, 0);
-  }
+  CUresult status = timed(Call::create, where.in_host_memory(), size,
+                          [&] { return driver.cuMemCreate(&handle, size, &prop, 0); });
   if (status == CUDA_SUCCESS) {
     *out = Chunk(driver, handle, size);
     out->location_ = where;
@@ -59,12 +56,10 @@ CUresult Chunk::create(const Driver& driver, int device, std::size_t size, Chunk
 CUresult Chunk::import(const Driver& driver, int fd, std::size_t size, Chunk* out, Location where,
                        ChunkObserver* observer) {
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status;
-  {
-    CallTimer timer(Call::import, where.kind != Location::Kind::device, size);
-    status = driver.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  }
+  CUresult status = timed(Call::import, where.in_host_memory(), size, [&] {
+    return driver.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  });
   if (status == CUDA_SUCCESS) {
     *out = Chunk(driver, handle, size);
     out->location_ = where;
@@ -84,17 +79,13 @@ CUresult Chunk::export_fd(int* fd) const { return vmm::export_fd(*driver_, id_, 
 Chunk::~Chunk() {
   if (!driver_) return;
   if (observer_) observer_->released(*this);
-  CallTimer timer(Call::release, location_.kind != Location::Kind::device, size_);
+  CallTimer timer(Call::release, location_.in_host_memory(), size_);
   driver_->cuMemRelease(id_);
 }
 
 CUresult Reservation::reserve(const Driver& driver, std::size_t size, Reservation* out) {
   CUdeviceptr base = 0;
-  CUresult status;
-  {
-    CallTimer timer(Call::reserve, false, size);
-    status = driver.cuMemAddressReserve(&base, size, 0, 0, 0);
-  }
+  CUresult status = timed(Call::reserve, false, size, [&] { return driver.cuMemAddressReserve(&base, size, 0, 0, 0); });
   if (status == CUDA_SUCCESS) *out = Reservation(driver, base, size);
   return status;
 }
@@ -106,19 +97,14 @@ Reservation::~Reservation() {
 }
 
 CUresult Reservation::map(std::size_t offset, const Chunk& chunk, int device, bool read_only) {
-  const bool host = chunk.location().kind != Location::Kind::device;
-  CUresult status;
-  {
-    CallTimer timer(Call::map, host, chunk.size());
-    status = driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0);
-  }
+  const bool host = chunk.location().in_host_memory();
+  CUresult status = timed(Call::map, host, chunk.size(),
+                          [&] { return driver_->cuMemMap(id_ + offset, chunk.size(), 0, chunk.handle(), 0); });
   if (status != CUDA_SUCCESS) return status;
   CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device},
                          read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  {
-    CallTimer timer(Call::access, host, chunk.size());
-    status = driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1);
-  }
+  status = timed(Call::access, host, chunk.size(),
+                 [&] { return driver_->cuMemSetAccess(id_ + offset, chunk.size(), &access, 1); });
   if (status != CUDA_SUCCESS) {
     CallTimer timer(Call::unmap, host, chunk.size());
     driver_->cuMemUnmap(id_ + offset, chunk.size());
@@ -134,11 +120,7 @@ CUresult Reservation::unmap(std::size_t offset, std::size_t size) {
   const bool host = std::any_of(observed_.begin(), observed_.end(), [&](const Observed& o) {
     return o.host && o.offset >= offset && o.offset < offset + size;
   });
-  CUresult status;
-  {
-    CallTimer timer(Call::unmap, host, size);
-    status = driver_->cuMemUnmap(id_ + offset, size);
-  }
+  CUresult status = timed(Call::unmap, host, size, [&] { return driver_->cuMemUnmap(id_ + offset, size); });
   if (status == CUDA_SUCCESS) {
     std::erase_if(observed_, [&](const Observed& o) {
       if (o.offset < offset || o.offset >= offset + size) return false;

@@ -50,6 +50,7 @@ struct Location {
   // Pinned host memory where the system has no NUMA node for the device.
   static Location host() { return {Kind::host, 0}; }
   CUmemLocation cu() const;
+  bool in_host_memory() const { return kind != Kind::device; }
   bool operator==(const Location&) const = default;
 };
 
