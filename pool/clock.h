@@ -3,15 +3,13 @@
 // timer that adds a span to a total (the pool's time in the driver's calls).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
+
+#include "vmm/clock.h"
 
 namespace gmem::pool {
 
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using vmm::now_ns;
 
 // Adds the time from its making to its end to `total`.
 class Timer {

@@ -1,7 +1,8 @@
 #include "vmm/costs.h"
 
 #include <atomic>
-#include <chrono>
+
+#include "vmm/clock.h"
 
 namespace gmem::vmm {
 
@@ -12,11 +13,6 @@ struct Figure {
 };
 Figure figures[call_kinds][2][2];  // [call][host][background]
 thread_local bool background = false;
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 

@@ -28,11 +28,12 @@ Driver fake_driver() {
 
 TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
   const Driver driver = fake_driver();
-  auto figure = [](Call call, bool host, bool background) { return call_figure(call, host, background); };
-  const CallFigure create_gpu = figure(Call::create, false, false), create_host = figure(Call::create, true, false);
-  const CallFigure access_host = figure(Call::access, true, false), unmap_host = figure(Call::unmap, true, false);
-  const CallFigure map_gpu_background = figure(Call::map, false, true);
-  const CallFigure release_host = figure(Call::release, true, false);
+  const CallFigure create_gpu = call_figure(Call::create, false, false);
+  const CallFigure create_host = call_figure(Call::create, true, false);
+  const CallFigure access_host = call_figure(Call::access, true, false);
+  const CallFigure unmap_host = call_figure(Call::unmap, true, false);
+  const CallFigure map_gpu_background = call_figure(Call::map, false, true);
+  const CallFigure release_host = call_figure(Call::release, true, false);
   constexpr std::size_t mib = std::size_t{1} << 20;
   {
     Chunk gpu, host;
@@ -48,17 +49,17 @@ TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
     ASSERT_EQ(range.unmap(0, 4 * mib), CUDA_SUCCESS);
     ASSERT_EQ(range.unmap(4 * mib, 2 * mib), CUDA_SUCCESS);
   }
-  EXPECT_EQ(figure(Call::create, false, false).calls, create_gpu.calls + 1);
-  EXPECT_EQ(figure(Call::create, false, false).bytes, create_gpu.bytes + 2 * mib);
-  EXPECT_EQ(figure(Call::create, true, false).calls, create_host.calls + 1);
-  EXPECT_EQ(figure(Call::create, true, false).bytes, create_host.bytes + 4 * mib);
-  const CallFigure access = figure(Call::access, true, false);
+  EXPECT_EQ(call_figure(Call::create, false, false).calls, create_gpu.calls + 1);
+  EXPECT_EQ(call_figure(Call::create, false, false).bytes, create_gpu.bytes + 2 * mib);
+  EXPECT_EQ(call_figure(Call::create, true, false).calls, create_host.calls + 1);
+  EXPECT_EQ(call_figure(Call::create, true, false).bytes, create_host.bytes + 4 * mib);
+  const CallFigure access = call_figure(Call::access, true, false);
   EXPECT_EQ(access.calls, access_host.calls + 1);
   EXPECT_GE(access.ns - access_host.ns, 2'000'000u);  // the fake's 2 ms
-  EXPECT_EQ(figure(Call::map, false, true).calls, map_gpu_background.calls + 1);
-  EXPECT_EQ(figure(Call::unmap, true, false).calls, unmap_host.calls + 1);
-  EXPECT_EQ(figure(Call::unmap, true, false).bytes, unmap_host.bytes + 4 * mib);
-  EXPECT_EQ(figure(Call::release, true, false).calls, release_host.calls + 1);
+  EXPECT_EQ(call_figure(Call::map, false, true).calls, map_gpu_background.calls + 1);
+  EXPECT_EQ(call_figure(Call::unmap, true, false).calls, unmap_host.calls + 1);
+  EXPECT_EQ(call_figure(Call::unmap, true, false).bytes, unmap_host.bytes + 4 * mib);
+  EXPECT_EQ(call_figure(Call::release, true, false).calls, release_host.calls + 1);
 }
 
 TEST(VmmCosts, TheReportPrintsALinePerKindOfCall) {
