@@ -44,10 +44,13 @@ void Evictor::make_room(int device, std::size_t size) {
     if (room) break;
   }
   wanted = 0;
+  const int64_t waited = now_ns() - start;
+  tell(0, "waited " + std::to_string(size) + " " + std::to_string(waited / 1000) + " " +
+              (room ? "room" : stuck_[device] ? "stuck" : "expired"));
   ++work_.waits;
   work_.waits_stuck += !room && stuck_[device];
   work_.waits_expired += !room && !stuck_[device];
-  work_.wait_ns += uint64_t(now_ns() - start);
+  work_.wait_ns += uint64_t(waited);
 }
 
 uint64_t Evictor::moves_ended() const {
@@ -74,11 +77,13 @@ bool Evictor::bring_back(CUdeviceptr base, const AccessRecord& record) {
   if (auto it = std::find(urgent_.begin(), urgent_.end(), base); it != urgent_.end()) urgent_.erase(it);
   work_.urgent_back += !record.parked();
   work_.urgent_ns += uint64_t(now_ns() - start);
+  tell(base, "urgent " + std::to_string((now_ns() - start) / 1000) + (record.parked() ? " no" : " back"));
   return !record.parked();
 }
 
 void Evictor::look(int device, DeviceState& state) {
   const std::vector<VmmPool::Live> lives = vmm_.live_ranges(device);
+  state.why.clear();
   if (lives.empty()) return;
   std::unordered_map<CUdeviceptr, Seen> seen;
   for (const VmmPool::Live& l : lives) {
@@ -147,6 +152,7 @@ void Evictor::look(int device, DeviceState& state) {
       if (std::find(urgent_.begin(), urgent_.end(), l.base) == urgent_.end()) continue;
       if (room >= taking + l.spilled) {
         back.push_back(l.base);
+        state.why[l.base] = "urgent";
         taking += l.spilled;
       } else {
         std::erase(urgent_, l.base);
@@ -161,6 +167,7 @@ void Evictor::look(int device, DeviceState& state) {
       break;
     }
     back.push_back(l->base);
+    state.why[l->base] = next(l) ? "ahead" : "room";
     taking += l->spilled;
   }
   if (!back.empty()) {
@@ -184,6 +191,7 @@ void Evictor::look(int device, DeviceState& state) {
   for (const VmmPool::Live* l : idle) {
     if (room + freed >= enough) break;
     off.push_back(l->base);
+    state.why[l->base] = "idle";
     freed += l->size;
   }
   if (wanted) {
@@ -340,6 +348,11 @@ void Evictor::settle(Batch& batch, std::size_t i) {
   table_.set_moving(record, false);
   table_.set_watched(record, false);
   batch.driver_ns += m.driver_ns;
+  if (settings_.told) {
+    auto why = batch.state.why.find(m.base);
+    tell(m.base, std::string(done ? (batch.to_host ? "to-host " : "to-device ") : "not-moved ") +
+                     std::to_string(m.bytes) + " " + (why == batch.state.why.end() ? "?" : why->second));
+  }
   if (!done) return;
   batch.out.push_back(m.base);
   if (std::optional<Block> block = vmm_.find(m.base); block && block->size) batch.blocks.push_back(*block);

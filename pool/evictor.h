@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -75,6 +76,9 @@ class Evictor {
     std::function<bool()> capturing;  // a stream capture is under way: nothing moves
     // Told of the live allocations whose memory moved (placement changed).
     std::function<void(const std::vector<Block>&)> moved;
+    // Told what it did with the allocation at a base (0: a request not yet
+    // served), where the pool writes a trace (TraceRecorder::evictor).
+    std::function<void(CUdeviceptr, const std::string&)> told;
     // A range is evicted only after this many looks found no new launch of it.
     unsigned idle_looks = 2;
     // Evictions keep this share of the device's memory free for requests;
@@ -161,6 +165,9 @@ class Evictor {
   };
   struct DeviceState {
     std::unordered_map<CUdeviceptr, Seen> seen;
+    // Why each range of the batch under way moves (for `told`): "idle" to
+    // the host; "urgent", "ahead" or "room" back.
+    std::unordered_map<CUdeviceptr, const char*> why;
     uint64_t evictions = 0;
     std::unordered_map<CUdeviceptr, Ended> ended;
   };
@@ -179,6 +186,9 @@ class Evictor {
   void copied(Batch& batch, std::size_t i);
   void settle(Batch& batch, std::size_t i);
   bool capturing() const;  // a stream capture is under way: nothing moves
+  void tell(CUdeviceptr base, const std::string& what) const {
+    if (settings_.told) settings_.told(base, what);
+  }
   // The evictor's own stream of `context`, and events of it for a batch's
   // moves (at least `events`); null if they cannot be made.
   struct Lane {

@@ -136,7 +136,10 @@ void Pool::placement_moved(const std::vector<Block>& blocks) {
 void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   if (!vmm_ || !access_) return;
   access_->for_each_record(ptr, bytes, [&](const AccessRecord& r) {
-    if (r.parked() && !(evictor_ && evictor_->bring_back(r.base(), r))) vmm_->unpark(r.base());
+    if (r.parked() && !(evictor_ && evictor_->bring_back(r.base(), r))) {
+      vmm_->unpark(r.base());
+      if (trace_) trace_->evictor(r.base(), "unparked");
+    }
     return true;
   });
 }

@@ -97,7 +97,10 @@ class Pool {
         evictor_(access_ && evict && submissions && move_after.count() > 0
                      ? std::make_unique<Evictor>(*vmm_, *access_, driver_,
                                                  Evictor::Settings{submissions, [this] { return quiet(); },
-                                                                   [this](const auto& blocks) { placement_moved(blocks); }})
+                                                                   [this](const auto& blocks) { placement_moved(blocks); },
+                                                                   [this](CUdeviceptr base, const std::string& what) {
+                                                                     if (trace_) trace_->evictor(base, what);
+                                                                   }})
                      : nullptr),
         mover_(vmm_ && submissions && move_after.count() > 0
                    ? std::make_unique<Mover>(*vmm_, driver_,
@@ -193,6 +196,7 @@ class Pool {
   void unpark(CUdeviceptr ptr, std::size_t bytes);
   void unpark_all() {
     if (vmm_) vmm_->unpark_all();
+    if (vmm_ && trace_) trace_->evictor(0, "unparked-all");
   }
   // Launches and placement of the large allocations (with track_access).
   const Uses& uses() const { return uses_; }

@@ -128,6 +128,16 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   std::fflush(out_);
 }
 
+void TraceRecorder::evictor(CUdeviceptr base, const std::string& what) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_) return;
+  const long long us = (now_ns() - opened_ns_) / 1000;
+  auto it = ids_.find(base);
+  const std::string id = it == ids_.end() ? "-" : std::to_string(it->second.id);
+  std::fprintf(out_, "# evictor %lld %s %s\n", us, id.c_str(), what.c_str());
+  std::fflush(out_);
+}
+
 void TraceRecorder::freed(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = ids_.find(base);

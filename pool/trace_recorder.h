@@ -63,6 +63,10 @@ class TraceRecorder {
   // device's size (pool-policy). `device_full_said`: whether it was written.
   void device_full(std::size_t device_bytes);
   bool device_full_said();
+  // What the evictor did (pool/evictor.h) with the allocation at `base` (0:
+  // none, as for a request not yet served): a comment line, timed as uses
+  // are, `# evictor TIME_US ID|- WHAT`, for a study of its moves.
+  void evictor(CUdeviceptr base, const std::string& what);
   // The pool counts launches from the allocation written next on (all of its
   // life is counted, pool/uses.h): a comment line, written once, from which
   // a replay starts counting (pool-policy; without it, from the start).

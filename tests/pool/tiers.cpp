@@ -1183,6 +1183,41 @@ TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
   check(b, 96 * mib, 2);
 }
 
+// meson's evict-park-trace run: as evict-park's, with trace:FILE. The trace
+// says, in comment lines timed as its uses are, what the evictor did with
+// each allocation (TraceRecorder::evictor): here it parks a (the trace's
+// id 0), and brings it back for the launch of it, which waited.
+TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
+  const std::string conf = getenv("GMEM_CONF") ? getenv("GMEM_CONF") : "";
+  const std::size_t at = conf.find("trace:");
+  ASSERT_NE(at, std::string::npos) << "no trace in GMEM_CONF: " << conf;
+  std::string path = conf.substr(at + 6, conf.find(',', at) - at - 6);
+  path.replace(path.find("%p"), 2, std::to_string(getpid()));
+  const auto [a, b, c] = park_the_oldest();
+  {
+    Launcher user(ctx_, a, std::chrono::hours(1));  // returns once it launched
+    EXPECT_EQ(user.failed(), 0);
+  }
+  EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  check(a, 96 * mib, 1);
+  std::ifstream in(path);
+  std::vector<std::string> said;  // what the evictor lines say of a
+  for (std::string line; std::getline(in, line);) {
+    unsigned long long us = 0;
+    char id[16] = "", what[64] = "";
+    if (sscanf(line.c_str(), "# evictor %llu %15s %63[^\n]", &us, id, what) == 3 && std::string(id) == "0") {
+      said.emplace_back(what);
+    }
+  }
+  std::remove(path.c_str());
+  const std::vector<std::string> expect = {"to-host 100663296 idle", "to-device 100663296 urgent", "urgent "};
+  std::size_t next = 0;  // each in this order, with other lines between
+  for (const std::string& s : said) {
+    if (next < expect.size() && s.rfind(expect[next], 0) == 0) ++next;
+  }
+  EXPECT_EQ(next, expect.size()) << "the trace's evictor lines for a: " << testing::PrintToString(said);
+}
+
 // meson's evict-slow-sync run: as evict's, with each synchronization taking
 // 300 ms (GMEM_EMU_SYNC_MS), as on a device with a deep queue of work: each
 // move waits that long for the work submitted before it, and for its own
