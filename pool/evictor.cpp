@@ -121,6 +121,7 @@ void Evictor::look(int device, DeviceState& state) {
   }
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
   const std::size_t enough = wanted + high;
+  const auto least = std::size_t(double(total) * settings_.least);
 
   // Back, the last evicted first. Once a launch has used an evicted range
   // where it lies (the program has reached it: a backward pass uses what its
@@ -161,11 +162,13 @@ void Evictor::look(int device, DeviceState& state) {
     moved_.notify_all();
   }
   const auto ahead = std::size_t(double(total) * settings_.ahead);
+  const auto batch = std::size_t(double(total) * settings_.batch);
   for (const VmmPool::Live* l : evicted) {
     if (std::find(back.begin(), back.end(), l->base) != back.end()) continue;
     if (next(l) ? taking + l->spilled > ahead || room < taking + l->spilled : wanted || room < taking + l->spilled + high) {
       break;
     }
+    if (!back.empty() && taking + l->spilled > batch) break;
     back.push_back(l->base);
     state.why[l->base] = next(l) ? "ahead" : "room";
     taking += l->spilled;
@@ -183,7 +186,9 @@ void Evictor::look(int device, DeviceState& state) {
   std::vector<const VmmPool::Live*> idle;
   for (const VmmPool::Live& l : lives) {
     const Seen& s = state.seen[l.base];
-    if (l.spilled == 0 && s.idle >= settings_.idle_looks && !s.returned) idle.push_back(&l);
+    if (l.spilled == 0 && l.size >= least && s.idle >= settings_.idle_looks && !s.returned) {
+      idle.push_back(&l);
+    }
   }
   std::sort(idle.begin(), idle.end(), [](const auto* a, const auto* b) { return a->last_use < b->last_use; });
   std::vector<CUdeviceptr> off;
@@ -197,7 +202,9 @@ void Evictor::look(int device, DeviceState& state) {
   if (wanted) {
     // Even all it could move, once idle, would not make the room: the request spills.
     std::size_t movable = 0;
-    for (const VmmPool::Live& l : lives) movable += l.spilled == 0 && !state.seen[l.base].returned ? l.size : 0;
+    for (const VmmPool::Live& l : lives) {
+      movable += l.spilled == 0 && l.size >= least && !state.seen[l.base].returned ? l.size : 0;
+    }
     std::lock_guard lock(mutex_);
     stuck_[device] = room + movable < wanted;
   }

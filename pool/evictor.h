@@ -87,6 +87,18 @@ class Evictor {
     // Once the program reaches an evicted range, at most this share of the
     // device's memory comes back ahead of it.
     double ahead = 1.0 / 8;
+    // A batch back to the device moves at most this share of the device's
+    // memory (at least one range): a call waiting for a parked range
+    // (bring_back) waits for the batch under way, and the LM at 2.2x an
+    // 80 GB budget on an H200 had calls wait up to 1 s behind batches of
+    // 50 GB (docs/results.md, thirtieth session).
+    double batch = 1.0 / 32;
+    // Only ranges of at least this share of the device's memory are evicted
+    // (40 MB of 80 GB): smaller ones give little room, and each that a call
+    // then needs holds it until it is back (the LM's weights and their
+    // gradients, 4-32 MiB, were evicted at every step, and brought back for
+    // their launches in about 100 ms each, some in 570 ms).
+    double least = 1.0 / 2048;
     // make_room waits for this many of the evictor's looks (about 0.5 s at
     // `period`; longer where the machine is loaded and the evictor slower),
     // never longer than `wait`.

@@ -89,6 +89,7 @@ CUresult copy(CUdeviceptr, CUdeviceptr, std::size_t bytes, CUstream) {
   return CUDA_SUCCESS;
 }
 CUresult stream_synchronize(CUstream) { return synchronize(); }
+CUresult stream_create(CUstream* stream, unsigned) { return *stream = reinterpret_cast<CUstream>(1), CUDA_SUCCESS; }
 CUresult get_current(CUcontext* c) { return *c = context_of(0), CUDA_SUCCESS; }
 CUresult set_current(CUcontext) { return CUDA_SUCCESS; }
 CUresult device_count(int* count) { return *count = accounts.peer_total ? 2 : 1, CUDA_SUCCESS; }
@@ -142,6 +143,7 @@ vmm::Driver driver() {
   d.cuCtxSynchronize = synchronize;
   d.cuMemcpyDtoDAsync_v2 = copy;
   d.cuStreamSynchronize = stream_synchronize;
+  d.cuStreamCreate = stream_create;
   d.cuCtxGetCurrent = get_current;
   d.cuCtxSetCurrent = set_current;
   d.cuDeviceGetCount = device_count;

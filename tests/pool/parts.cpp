@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "accounting_driver.h"
+#include "pool/access.h"
+#include "pool/evictor.h"
 #include "pool/slabs.h"
 #include "pool/stitcher.h"
 #include "pool/tiers.h"
@@ -362,6 +364,99 @@ TEST_F(Steps, AStepEndsWhereTheBytesAskedForComeBackNotTheMemoryServingThem) {
   }
   ASSERT_EQ(pool.free(slab.base), CUDA_SUCCESS);
   EXPECT_EQ(pool.figures(0).asked, 0u);
+}
+
+
+// The evictor's choices, look by look (the mover's thread calls look()
+// every 2 ms), on an 8 GiB device spilling to the host; no launch
+// references anything, so every range is idle from its third look.
+class EvictorLooks : public ::testing::Test {
+ protected:
+  EvictorLooks() { accounting::reset(std::size_t{8} << 30); }
+  static Budgets budgets() {
+    Budgets b;
+    b.peer = Amount::of_bytes(0);
+    b.host = Amount::of_bytes(std::size_t{8} << 30);
+    b.host_prepare = Amount::of_bytes(0);
+    b.host_chunk = Amount::of_bytes(64 * MiB);
+    b.device_reserve = Amount::of_bytes(0);
+    return b;
+  }
+  // The gate, with no program to hold: every mark runs at once.
+  struct NoProgram final : Submissions {
+    bool stop() override { return true; }
+    bool hold() override { return true; }
+    void resume() override {}
+    bool begin_moves(const std::function<void()>& mark) override { return mark(), true; }
+    bool mark_more(const std::function<void()>& mark) override { return mark(), true; }
+    void end_moves() override {}
+    uint64_t entries() const override { return 0; }
+  };
+  void SetUp() override { pool.track_access(&table); }
+  Block alloc(std::size_t size) {
+    CUcontext context = nullptr;  // the device's (a move needs its allocations')
+    driver.cuCtxGetCurrent(&context);
+    Block b;
+    EXPECT_EQ(pool.alloc(&b, size, 0, context, 1, false), CUDA_SUCCESS);
+    return b;
+  }
+  std::size_t on_host(const Block& b) { return tiers.split(b.base, b.size).host; }
+  void looks(int n) {
+    for (int i = 0; i < n; ++i) evictor.look();
+  }
+  const vmm::Driver driver = accounting::driver();
+  Tiers tiers{driver, budgets(), nullptr, std::size_t{8} << 30};
+  VmmPool pool{driver, nullptr, VmmPool::default_headroom, &tiers};
+  AccessTable table;
+  NoProgram gate;
+  Evictor evictor{pool, table, driver, [this] {
+                     Evictor::Settings settings;
+                     settings.submissions = &gate;
+                     return settings;
+                   }()};
+};
+
+// A range below a 2048th of the device's memory (4 MiB of 8 GiB) is never
+// evicted, though the oldest: it would give little room, and a call that
+// needs it would wait for it. The oldest large one goes instead.
+TEST_F(EvictorLooks, OnlyRangesOfAtLeastA2048thOfTheDeviceAreEvicted) {
+  const Block small = alloc(2 * MiB);
+  std::vector<Block> large;
+  for (int i = 0; i < 64; ++i) large.push_back(alloc(128 * MiB));  // the last ones spill
+  ASSERT_GT(on_host(large.back()), 0u);
+  looks(3);
+  EXPECT_EQ(on_host(small), 0u);
+  EXPECT_EQ(on_host(large.front()), 128 * MiB);
+  EXPECT_GT(evictor.work().evictions, 0u);
+}
+
+// Ranges come back in batches of at most a 32nd of the device's memory
+// (256 MiB here: two of 128 MiB), so that a call waiting for a parked range
+// waits for no long batch; each look moves one batch.
+TEST_F(EvictorLooks, RangesComeBackAtMostA32ndOfTheDeviceABatch) {
+  std::vector<Block> large;
+  for (int i = 0; i < 64; ++i) large.push_back(alloc(128 * MiB));
+  // Each look evicts until 256 MiB is free; each request takes that room.
+  for (int i = 0; i < 3; ++i) {
+    looks(3);
+    large.push_back(alloc(256 * MiB));
+  }
+  std::size_t evicted = 0;
+  for (const Block& b : large) evicted += on_host(b) == b.size && b.size == 128 * MiB;
+  ASSERT_GE(evicted, 4u);
+  for (std::size_t i = large.size() - 3; i < large.size(); ++i) ASSERT_EQ(pool.free(large[i].base), CUDA_SUCCESS);
+  for (int i = 8; i < 32; ++i) ASSERT_EQ(pool.free(large[i].base), CUDA_SUCCESS);
+  auto spilled = [&] {
+    std::size_t n = 0;
+    for (int i = 0; i < 8; ++i) n += on_host(large[i]) > 0;
+    return n;
+  };
+  const uint64_t before = evictor.work().prefetches;
+  evictor.look();
+  EXPECT_EQ(evictor.work().prefetches - before, 2u);
+  EXPECT_EQ(spilled(), evicted - 2);
+  looks(int(evicted));
+  EXPECT_EQ(spilled(), 0u);
 }
 
 }  // namespace
