@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -1186,7 +1187,8 @@ TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
 // meson's evict-park-trace run: as evict-park's, with trace:FILE. The trace
 // says, in comment lines timed as its uses are, what the evictor did with
 // each allocation (TraceRecorder::evictor): here it parks a (the trace's
-// id 0), and brings it back for the launch of it, which waited.
+// id 0), and the launch of it waits for it (urgent), brought back or, with
+// no room soon enough, mapped onto its host chunks.
 TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
   const std::string conf = getenv("GMEM_CONF") ? getenv("GMEM_CONF") : "";
   const std::size_t at = conf.find("trace:");
@@ -1210,12 +1212,15 @@ TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
     }
   }
   std::remove(path.c_str());
-  const std::vector<std::string> expect = {"to-host 100663296 idle", "to-device 100663296 urgent", "urgent "};
-  std::size_t next = 0;  // each in this order, with other lines between
-  for (const std::string& s : said) {
-    if (next < expect.size() && s.rfind(expect[next], 0) == 0) ++next;
-  }
-  EXPECT_EQ(next, expect.size()) << "the trace's evictor lines for a: " << testing::PrintToString(said);
+  auto said_one = [&](const std::string& what) {
+    return std::any_of(said.begin(), said.end(), [&](const std::string& s) { return s.rfind(what, 0) == 0; });
+  };
+  ASSERT_FALSE(said.empty());
+  EXPECT_EQ(said.front(), "to-host 100663296 idle") << testing::PrintToString(said);
+  EXPECT_TRUE(said_one("urgent ")) << testing::PrintToString(said);
+  // Back for the launch; or, where no look came within its wait (a loaded
+  // machine), mapped onto its host chunks.
+  EXPECT_TRUE(said_one("to-device 100663296 urgent") || said_one("unparked")) << testing::PrintToString(said);
 }
 
 // meson's evict-slow-sync run: as evict's, with each synchronization taking
