@@ -88,6 +88,14 @@ bool parse_value(std::string_view text, config_type::bring_in& out, std::string&
   return false;
 }
 
+bool parse_value(std::string_view text, config_type::evict& out, std::string& expected) {
+  expected = "0, 1 or tried";
+  if (text == "0") return out = pool::Evict::off, true;
+  if (text == "1") return out = pool::Evict::always, true;
+  if (text == "tried") return out = pool::Evict::tried, true;
+  return false;
+}
+
 bool parse_value(std::string_view text, config_type::millis& out, std::string& expected) {
   expected = "a whole number of milliseconds, at most 3600000";
   std::string copy(text);

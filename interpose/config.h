@@ -19,6 +19,7 @@ using percent = double;
 using amount = pool::Amount;
 using mem_info = pool::MemInfo;
 using bring_in = pool::BringIn;
+using evict = pool::Evict;
 using millis = std::chrono::milliseconds;
 // An absolute path, or empty: the default place (socket), nothing (file).
 struct optional_path {

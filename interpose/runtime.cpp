@@ -204,7 +204,7 @@ void initialise() {
         static TorchRetry torch_retry;
         rt->pool->veto_spills(&torch_retry);
       }
-      if (moving && rt->config.evict) {
+      if (moving && rt->config.evict != pool::Evict::off) {
         gate::set_reference_check(look_at_references);
         gate::check_references(true);
       }

@@ -26,6 +26,12 @@ enum class MemInfo : bool { device, tiers };
 // if it shortens them: pool/uses.h), or at every launch.
 enum class BringIn { off, tried, always };
 
+// Whether live memory moves between the device and the spill tiers while a
+// device spills (pool/evictor.h): never, at all times, or on trial once the
+// steps repeat, after placing by use's (kept only if it shortens them:
+// pool/uses.h).
+enum class Evict { off, always, tried };
+
 struct Budgets {
   Amount device = Amount::of_share(1.0);       // of the device's memory
   Amount device_reserve = Amount::of_bytes(uint64_t{1} << 30);  // left free by a spill

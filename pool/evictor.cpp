@@ -27,7 +27,7 @@ void Evictor::look() {
 }
 
 void Evictor::make_room(int device, std::size_t size) {
-  if (vmm_.device_room(device) >= size) return;
+  if (!evicting(device) || vmm_.device_room(device) >= size) return;
   const int64_t start = now_ns();
   const int64_t deadline = start + std::chrono::nanoseconds(settings_.wait).count();
   std::unique_lock lock(mutex_);
@@ -181,7 +181,7 @@ void Evictor::look(int device, DeviceState& state) {
     }
     return;
   }
-  if (room >= low) return;
+  if (room >= low || !evicting(device)) return;
   // Off the device, the oldest idle first, until `high` is free.
   std::vector<const VmmPool::Live*> idle;
   for (const VmmPool::Live& l : lives) {

@@ -79,6 +79,9 @@ class Evictor {
     // Told what it did with the allocation at a base (0: a request not yet
     // served), where the pool writes a trace (TraceRecorder::evictor).
     std::function<void(CUdeviceptr, const std::string&)> told;
+    // Whether it evicts on a device now (null: always); when not, it still
+    // brings back what it evicted, and make_room returns at once.
+    std::function<bool(int)> evicting;
     // A range is evicted only after this many looks found no new launch of it.
     unsigned idle_looks = 2;
     // Evictions keep this share of the device's memory free for requests;
@@ -198,6 +201,7 @@ class Evictor {
   void copied(Batch& batch, std::size_t i);
   void settle(Batch& batch, std::size_t i);
   bool capturing() const;  // a stream capture is under way: nothing moves
+  bool evicting(int device) const { return !settings_.evicting || settings_.evicting(device); }
   void tell(CUdeviceptr base, const std::string& what) const {
     if (settings_.told) settings_.told(base, what);
   }

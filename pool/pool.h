@@ -78,7 +78,8 @@ class Pool {
   // (a fraction; 0: from the start) or it spills; with `place_by_use` too,
   // large allocations are placed by their use (pool/uses.h). With `evict`
   // too, and a mover, live allocations move off the device and back while it
-  // spills (pool/evictor.h), parking what it evicts with `park`
+  // spills (pool/evictor.h): always, or (`tried`, with place_by_use) on trial
+  // after placing by use's, kept where it shortens the steps; parking what it evicts with `park`
   // (VmmPool::park_evictions). With `bring_in` (and track_access and a mover,
   // without evict), a launch's large spilled references come onto the device
   // before it runs where the device has room for them (bring_in()): `tried`
@@ -86,7 +87,7 @@ class Pool {
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
-                bool track_access = false, bool place_by_use = false, double track_from = 0, bool evict = false,
+                bool track_access = false, bool place_by_use = false, double track_from = 0, Evict evict = Evict::off,
                 BringIn bring_in = BringIn::off, bool park = false)
       : driver_(driver),
         publisher_(std::move(publisher)),
@@ -94,13 +95,18 @@ class Pool {
         uses_(access_.get(), place_by_use),
         tiers_(use_vmm ? std::make_unique<Tiers>(driver_, budgets, publisher_.get()) : nullptr),
         vmm_(use_vmm ? std::make_unique<VmmPool>(driver_, publisher_.get(), headroom, tiers_.get()) : nullptr),
-        evictor_(access_ && evict && submissions && move_after.count() > 0
-                     ? std::make_unique<Evictor>(*vmm_, *access_, driver_,
-                                                 Evictor::Settings{submissions, [this] { return quiet(); },
-                                                                   [this](const auto& blocks) { placement_moved(blocks); },
-                                                                   [this](CUdeviceptr base, const std::string& what) {
-                                                                     if (trace_) trace_->evictor(base, what);
-                                                                   }})
+        evictor_(access_ && evict != Evict::off && submissions && move_after.count() > 0
+                     ? std::make_unique<Evictor>(
+                           *vmm_, *access_, driver_,
+                           Evictor::Settings{submissions, [this] { return quiet(); },
+                                             [this](const auto& blocks) { placement_moved(blocks); },
+                                             [this](CUdeviceptr base, const std::string& what) {
+                                               if (trace_) trace_->evictor(base, what);
+                                             },
+                                             evict == Evict::tried ? std::function<bool(int)>([this](int device) {
+                                               return uses_.evicts(device);
+                                             })
+                                                                   : nullptr})
                      : nullptr),
         mover_(vmm_ && submissions && move_after.count() > 0
                    ? std::make_unique<Mover>(*vmm_, driver_,
@@ -114,6 +120,7 @@ class Pool {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
+    if (evictor_ && evict == Evict::tried) uses_.try_evict();
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());

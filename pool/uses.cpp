@@ -40,7 +40,7 @@ Uses::Request Uses::request(int device, std::size_t size) {
   if (!k.live) k.numbered = 0;
   const uint32_t number = k.numbered++;
   if (d.replan && d.planning()) plan(device);
-  return {kind, device, number, place_ && d.planning() ? k.off_device(number) : 0};
+  return {kind, device, number, place_ && d.planning() && !d.evicting() ? k.off_device(number) : 0};
 }
 
 std::size_t Uses::Kind::off_device(uint32_t number) const {
@@ -69,6 +69,8 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
     stepped(d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
+  } else if (d.evict == EvictTrial::trying && now_ns - d.step_ns > 2 * d.placed_ns()) {
+    judge_evict(d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
   d.peak_asked = asked;
@@ -78,6 +80,8 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
 bool Uses::plans(int device) const { return holds(device, &Device::planning); }
 
 bool Uses::brings_in(int device) const { return holds(device, &Device::bringing_in); }
+
+bool Uses::evicts(int device) const { return holds(device, &Device::evicting); }
 
 bool Uses::holds(int device, bool (Device::*state)() const) const {
   std::lock_guard lock(mutex_);
@@ -131,6 +135,22 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
     case BringInTrial::dropped:
       break;
   }
+  switch (d.evict) {
+    case EvictTrial::untried:
+      if (evict_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.evict = EvictTrial::trying;
+      break;
+    case EvictTrial::trying:
+      if (++d.evict_steps == 2) judge_evict(d, step);  // the first step that evicts settles it
+      break;
+    case EvictTrial::kept:
+    case EvictTrial::dropped:
+      break;
+  }
+}
+
+void Uses::judge_evict(Device& d, int64_t step) {
+  d.evict_ns = step;
+  d.evict = step * 20 <= d.placed_ns() * 19 ? EvictTrial::kept : EvictTrial::dropped;
 }
 
 void Uses::judge_bring_in(Device& d, int64_t step) {
@@ -305,11 +325,13 @@ std::string Uses::report_plan(std::size_t most) const {
     static constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
-             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f last_step_ms=%.1f last_step_driver_ms=%.1f "
+             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s evict_step_ms=%.1f last_step_ms=%.1f "
+             "last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
              "last_step_slow_map_ms=%.1f\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
+             evict_ ? bring_ins[int(d.evict)] : "off", double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),

@@ -45,6 +45,18 @@
 // of memory: docs/results.md). Without place_by_use, steps are not timed, and
 // nothing is tried.
 //
+// Moving live memory off the device and back while it spills (evict:tried,
+// pool/evictor.h) is tried the same way once the plan's trial has ended
+// (kept or dropped): two steps with the evictor moving and no request placed
+// off the device by the plan (the first settles), kept only if the second is
+// at least 5% shorter than the best step without it (the plan's where kept,
+// else the shortest in the order requested), or dropped as soon as a step
+// with it has lasted twice that long. It pays where what the device lacks is
+// kept across the step and used late, as a training step's activations (the
+// LM at 2.26x a 58 GB budget on an H200, parked: 2.9 s against 4.6 s placed by
+// use), and costs where it is temporaries used at once (the GCN: 10.1 s
+// against 6.3 s): docs/results.md, thirtieth session.
+//
 // No plan once a peer holds part of a device's peak: what leaves the device
 // goes to a peer before the host whatever the plan, and runs there at about
 // the device's speed, so a plan (which chooses only what leaves the device)
@@ -81,6 +93,8 @@ class Uses {
   explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
   // Bringing in is on (set once, before use): with place_by_use, its trial follows the plan's.
   void try_bring_in() { bring_in_ = place_; }
+  // Eviction is on trial (set once, before use): with place_by_use, after the plan's.
+  void try_evict() { evict_ = place_; }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -119,6 +133,9 @@ class Uses {
   // Whether launches on `device` bring their spilled references in now
   // (bring_in:tried): while it is tried, and after if it was kept.
   bool brings_in(int device) const;
+  // Whether the evictor moves live memory on `device` now (evict:tried):
+  // while it is tried, and after if it was kept.
+  bool evicts(int device) const;
   // Whether brings_in() may be true for some device: false again once every
   // device's trial dropped it (lock-free: launches look here first).
   bool bringing_in() const { return bringing_in_.load(std::memory_order_relaxed); }
@@ -159,6 +176,8 @@ class Uses {
   enum class Trial { ordered, planned, kept, dropped, peer };
   // Bringing in (bring_in): waiting for the plan's verdict, on trial, then kept or dropped.
   enum class BringInTrial { untried, trying, kept, dropped };
+  // Eviction (evict:tried): waiting for the plan's verdict, on trial, then kept or dropped.
+  using EvictTrial = BringInTrial;
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_asked = 0;  // the most asked for at a served request (reported as peak_used)
@@ -173,11 +192,18 @@ class Uses {
     BringInTrial bring_in = BringInTrial::untried;
     int bring_in_steps = 0;  // timed in its trial
     int64_t bring_in_ns = 0;  // the step that brought in
+    EvictTrial evict = EvictTrial::untried;
+    int evict_steps = 0;     // timed in its trial
+    int64_t evict_ns = 0;    // the step that evicted
     Work at_step;            // the pool's work when the last step reached its peak
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
+    bool evicting() const { return evict == EvictTrial::trying || evict == EvictTrial::kept; }
+    // The best step without eviction: the plan's where kept, else the
+    // shortest in the order requested.
+    int64_t placed_ns() const { return trial == Trial::kept ? planned_ns : ordered_ns; }
   };
   // Whether `device` is known and in `state` now.
   bool holds(int device, bool (Device::*state)() const) const;
@@ -186,6 +212,9 @@ class Uses {
   // Bringing in is kept if `step` (its trial's) is shorter than the
   // shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
+  // Eviction is kept if `step` (its trial's) is at least 5% shorter than
+  // Device::placed_ns(), else dropped.
+  void judge_evict(Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;
@@ -198,6 +227,7 @@ class Uses {
   AccessTable* const table_;
   const bool place_;
   bool bring_in_ = false;
+  bool evict_ = false;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

@@ -82,13 +82,16 @@
     "peak; the plan is tried for two steps after four in the order requested and "   \
     "kept only if its step is at least 5% shorter (report:1 prints the trial); 0: "  \
     "the device first for every request, in the order made")                         \
-  X(evict, flag, "0",                                                                \
+  X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \
     "first) to keep room on the device for new requests, and come back, the last "   \
     "moved first, once room opens; a launch of a range on its way to the host keeps " \
     "it on the device, one of a range on its way back waits for it, and the job is "  \
-    "never held while the device drains. "                                            \
+    "never held while the device drains. tried: the same, with place_by_use, on "     \
+    "trial for two steps once placing by use's trial has ended, and from then on "    \
+    "only if that step was at least 5% shorter than the best step without it "        \
+    "(report:1 prints the trial); 0: never. "                                         \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
   X(evict_park, flag, "0",                                                           \

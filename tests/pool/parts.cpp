@@ -409,9 +409,11 @@ class EvictorLooks : public ::testing::Test {
   VmmPool pool{driver, nullptr, VmmPool::default_headroom, &tiers};
   AccessTable table;
   NoProgram gate;
+  bool evicting = true;  // what Evictor::Settings::evicting answers (evict:tried's trial)
   Evictor evictor{pool, table, driver, [this] {
                      Evictor::Settings settings;
                      settings.submissions = &gate;
+                     settings.evicting = [this](int) { return evicting; };
                      return settings;
                    }()};
 };
@@ -457,6 +459,25 @@ TEST_F(EvictorLooks, RangesComeBackAtMostA32ndOfTheDeviceABatch) {
   EXPECT_EQ(spilled(), evicted - 2);
   looks(int(evicted));
   EXPECT_EQ(spilled(), 0u);
+}
+
+// Where eviction is not on (evict:tried, before its trial or once dropped),
+// nothing is evicted, however short of room the device is, and what was
+// evicted still comes back as room opens.
+TEST_F(EvictorLooks, NothingIsEvictedWhileEvictionIsOffAndWhatWasComesBack) {
+  std::vector<Block> large;
+  for (int i = 0; i < 64; ++i) large.push_back(alloc(128 * MiB));
+  evicting = false;
+  looks(4);
+  EXPECT_EQ(evictor.work().evictions, 0u);
+  EXPECT_EQ(on_host(large.front()), 0u);
+  evicting = true;
+  looks(3);
+  ASSERT_EQ(on_host(large.front()), 128 * MiB);
+  evicting = false;
+  for (int i = 8; i < 32; ++i) ASSERT_EQ(pool.free(large[i].base), CUDA_SUCCESS);
+  looks(8);
+  EXPECT_EQ(on_host(large.front()), 0u);
 }
 
 }  // namespace

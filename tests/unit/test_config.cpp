@@ -89,6 +89,14 @@ TEST(Config, BringInIsOffTriedOrAlways) {
   EXPECT_EQ(parse_config("bring_in:1").error, "bad value '1' for key 'bring_in' (expected off, tried or always)");
 }
 
+TEST(Config, EvictIsOffAlwaysOrTried) {
+  EXPECT_EQ(parse_config("").config.evict, pool::Evict::off);
+  EXPECT_EQ(parse_config("evict:1").config.evict, pool::Evict::always);
+  EXPECT_EQ(parse_config("evict:tried").config.evict, pool::Evict::tried);
+  EXPECT_EQ(parse_config("evict:0").config.evict, pool::Evict::off);
+  EXPECT_EQ(parse_config("evict:yes").error, "bad value 'yes' for key 'evict' (expected 0, 1 or tried)");
+}
+
 TEST(Config, ItemWithoutColonIsAnError) {
   EXPECT_EQ(parse_config("report").error, "'report' is not key:value (valid keys: " + config_key_list() + ")");
 }

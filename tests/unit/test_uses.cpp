@@ -389,5 +389,55 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_NE(off.uses().report().find(" bring_in=off "), std::string::npos) << off.uses().report();
 }
 
+// Eviction (evict:tried) is tried once the plan's trial has ended, for two
+// steps with no request placed off the device by the plan, against the best
+// step without it (the plan's here, kept: 94 ms), and stays only if its step
+// is at least 5% shorter; a step with it twice as long drops it at once.
+TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
+  for (const auto& [evict_ns, kept] : {std::pair<int64_t, bool>{89'000'000, true}, {90'000'000, false}}) {
+    Job job(true, 64 * mib);
+    job.uses().try_evict();
+    for (int i = 0; i < ordered_steps; ++i) {
+      job.step(i == 2 ? 100'000'000 : 150'000'000);
+      EXPECT_FALSE(job.uses().evicts(0)) << "step " << i;
+    }
+    job.step(94'000'000);  // the plan's, kept: 94 ms against 100
+    EXPECT_FALSE(job.uses().evicts(0));
+    EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0}));  // the plan's trial ends at this step's peak: eviction begins
+    EXPECT_TRUE(job.uses().evicts(0));
+    EXPECT_EQ(job.step(evict_ns), (Off{0, 0, 0})) << "the plan places nothing while the evictor is tried";
+    EXPECT_TRUE(job.uses().evicts(0));
+    job.step();  // the second step that evicts, timed at this peak
+    EXPECT_EQ(job.uses().evicts(0), kept) << evict_ns << " ns";
+    for (int i = 0; i < 2; ++i) {
+      const Off after = kept ? Off{0, 0, 0} : Off{128 * mib, 0, 0};
+      EXPECT_EQ(job.step(), after) << evict_ns << " ns, step " << i;
+    }
+    const std::string said = std::string("trial=kept ordered_step_ms=100.0 planned_step_ms=94.0 bring_in=off "
+                                         "bring_in_step_ms=0.0 evict=") +
+                             (kept ? "kept" : "dropped") + " evict_step_ms=" + (kept ? "89.0" : "90.0");
+    EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
+  }
+  // A step with it that lasts more than twice the best without it (190 ms
+  // against 94) drops it at once, at the next request.
+  Job slow(true, 64 * mib);
+  slow.uses().try_evict();
+  for (int i = 0; i < ordered_steps; ++i) slow.step(i == 2 ? 100'000'000 : 150'000'000);
+  slow.step(94'000'000);
+  slow.step(190'000'000);  // eviction begins at this step's peak
+  EXPECT_TRUE(slow.uses().evicts(0));
+  slow.step();
+  EXPECT_FALSE(slow.uses().evicts(0));
+  EXPECT_NE(slow.uses().report().find(" evict=dropped evict_step_ms=190.0 "), std::string::npos)
+      << slow.uses().report();
+  // Without try_evict, never.
+  Job off(true, 64 * mib);
+  for (int i = 0; i < ordered_steps + 6; ++i) {
+    off.step();
+    EXPECT_FALSE(off.uses().evicts(0)) << "step " << i;
+  }
+  EXPECT_NE(off.uses().report().find(" evict=off "), std::string::npos) << off.uses().report();
+}
+
 }  // namespace
 }  // namespace gmem::pool
