@@ -69,7 +69,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
     stepped(d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
-  } else if (d.evict == EvictTrial::trying && now_ns - d.step_ns > 2 * d.placed_ns()) {
+  } else if (d.evict == EvictTrial::trying && d.evict_steps && now_ns - d.step_ns > 2 * d.placed_ns()) {
     judge_evict(d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
