@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""What the evictor did in each step of a job, from a gmem trace recorded with
+evict:1 (GMEM_CONF trace:FILE): its `# evictor TIME_US ID WHAT` comment lines
+(README.md here), summed per step. Steps run from peak to peak of the bytes
+requested, as the pool times them (copy_floor.steps_of), the first from the
+start; a step's time is the span of the trace's clock in it (the use lines'
+and the evictor lines' times).
+
+Per step: GB moved to the host, GB brought back (and why: for a call that
+waited, ahead of the backward pass, or as room opened), the calls held until
+a parked allocation was back (and how many were told no, their allocation
+then mapped onto its host chunks and read in place), the GB so unparked, and
+the requests held for room on the device. The thirtieth session's study of
+the parked LM (docs/results.md) read these figures off its traces.
+
+    python3 tests/traces/evictor_steps.py TRACE
+"""
+import argparse
+import collections
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import copy_floor  # noqa: E402
+import gmem_trace  # noqa: E402
+
+EVICTOR = "# evictor "
+
+
+def scan(lines):
+    """The trace's allocation and free events (checked, as gmem_trace.parse
+    does), and its evictor lines as (events before it, time_us, id or None,
+    [what...]), and the clock: (events before it, time_us) for each timed line."""
+    events = gmem_trace.parse(lines)
+    moves, clock, seen = [], [], 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in ("a", "f"):
+            seen += 1
+        elif fields and fields[0] == "u":
+            clock.append((seen, int(fields[1])))
+        elif line.startswith(EVICTOR):
+            t, ident, *what = line[len(EVICTOR):].split()
+            moves.append((seen, int(t), None if ident == "-" else int(ident), what))
+            clock.append((seen, int(t)))
+    return events, moves, clock
+
+
+def steps(events, moves, clock):
+    """Per whole step: a Counter of its figures (bytes, counts, ms) and its time in ms."""
+    starts = copy_floor.steps_of(events)
+
+    def bytes_of(ident, at):
+        # The allocation `ident` live before event `at` (the last one it named).
+        for e in reversed(events[:at]):
+            if e[0] == "a" and e[1] == ident:
+                return e[2]
+        return 0
+    out = []
+    for begin, end in zip(starts, starts[1:]):
+        figures = collections.Counter()
+        for at, _, ident, what in moves:
+            if not begin <= at < end:
+                continue
+            kind = what[0]
+            if kind == "to-host":
+                figures["out_gb"] += int(what[1]) / 1e9
+            elif kind == "to-device":
+                figures[f"back_{what[2]}_gb"] += int(what[1]) / 1e9
+            elif kind == "urgent":
+                figures["held"] += 1
+                figures["held_ms"] += int(what[1]) / 1e3
+                figures["told_no"] += what[2] == "no"
+            elif kind == "unparked" and ident is not None:
+                figures["unparked_gb"] += bytes_of(ident, at) / 1e9
+            elif kind == "waited":
+                figures["waits"] += 1
+                figures["wait_ms"] += int(what[2]) / 1e3
+        times = [t for at, t in clock if begin <= at < end]
+        ms = (max(times) - min(times)) / 1e3 if times else 0.0
+        out.append((figures, ms))
+    return out
+
+
+def report(lines, out=sys.stdout):
+    events, moves, clock = scan(lines)
+    if not moves:
+        print("evictor_steps: no evictor lines (recorded without evict:1, or before gmem wrote them)", file=out)
+        return []
+    per_step = steps(events, moves, clock)
+    for i, (f, ms) in enumerate(per_step):
+        back = " ".join(f"{why} {f[f'back_{why}_gb']:.1f}" for why in ("urgent", "ahead", "room"))
+        print(f"step {i + 1}: {ms:.0f} ms; to the host {f['out_gb']:.1f} GB; back {back} GB; "
+              f"calls held {f['held']} ({f['told_no']} told no) {f['held_ms']:.0f} ms; "
+              f"unparked {f['unparked_gb']:.1f} GB; requests held {f['waits']} {f['wait_ms']:.0f} ms", file=out)
+    return per_step
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("trace", help="a gmem trace recorded with evict:1; .gz too")
+    args = ap.parse_args()
+    try:
+        with gmem_trace.open_text(args.trace, "r") as f:
+            lines = f.readlines()
+        report(lines)
+    except (OSError, gmem_trace.TraceError) as err:
+        sys.exit(f"evictor_steps: {err}")
+
+
+if __name__ == "__main__":
+    main()
