@@ -228,19 +228,23 @@ TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
   EXPECT_EQ(books[0].figures.reserved, 48 * MiB);
 }
 
+// Budgets of `host` bytes of host memory in chunks of 64 MiB, none prepared
+// ahead, no peer and no device reserve.
+Budgets host_only(std::size_t host) {
+  Budgets b;
+  b.peer = Amount::of_bytes(0);
+  b.host = Amount::of_bytes(host);
+  b.host_prepare = Amount::of_bytes(0);
+  b.host_chunk = Amount::of_bytes(64 * MiB);
+  b.device_reserve = Amount::of_bytes(0);
+  return b;
+}
+
 // A pool on a 1 GiB device spilling to up to 4 GiB of host memory.
 class Steps : public ::testing::Test {
  protected:
   Steps() { accounting::reset(std::size_t{1} << 30); }
-  static Budgets budgets() {
-    Budgets b;
-    b.peer = Amount::of_bytes(0);
-    b.host = Amount::of_bytes(std::size_t{4} << 30);
-    b.host_prepare = Amount::of_bytes(0);
-    b.host_chunk = Amount::of_bytes(64 * MiB);
-    b.device_reserve = Amount::of_bytes(0);
-    return b;
-  }
+  static Budgets budgets() { return host_only(std::size_t{4} << 30); }
   const vmm::Driver driver = accounting::driver();
   Tiers tiers{driver, budgets(), nullptr, std::size_t{4} << 30};
   VmmPool pool{driver, nullptr, VmmPool::default_headroom, &tiers};
@@ -373,15 +377,6 @@ TEST_F(Steps, AStepEndsWhereTheBytesAskedForComeBackNotTheMemoryServingThem) {
 class EvictorLooks : public ::testing::Test {
  protected:
   EvictorLooks() { accounting::reset(std::size_t{8} << 30); }
-  static Budgets budgets() {
-    Budgets b;
-    b.peer = Amount::of_bytes(0);
-    b.host = Amount::of_bytes(std::size_t{8} << 30);
-    b.host_prepare = Amount::of_bytes(0);
-    b.host_chunk = Amount::of_bytes(64 * MiB);
-    b.device_reserve = Amount::of_bytes(0);
-    return b;
-  }
   // The gate, with no program to hold: every mark runs at once.
   struct NoProgram final : Submissions {
     bool stop() override { return true; }
@@ -405,7 +400,7 @@ class EvictorLooks : public ::testing::Test {
     for (int i = 0; i < n; ++i) evictor.look();
   }
   const vmm::Driver driver = accounting::driver();
-  Tiers tiers{driver, budgets(), nullptr, std::size_t{8} << 30};
+  Tiers tiers{driver, host_only(std::size_t{8} << 30), nullptr, std::size_t{8} << 30};
   VmmPool pool{driver, nullptr, VmmPool::default_headroom, &tiers};
   AccessTable table;
   NoProgram gate;
