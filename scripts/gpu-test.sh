@@ -554,7 +554,7 @@ fi
 host_pool() {
   pool=""
   pgrep -x gmemd >/dev/null && return 0
-  setsid "$carry/bin/gmemd" --host-pool 100G >"$1/gmemd.log" 2>&1 &
+  setsid "$carry/bin/gmemd" --host-pool "${2:-100G}" >"$1/gmemd.log" 2>&1 &
   pool=$!
   for _ in $(seq 120); do grep -q "pinned in" "$1/gmemd.log" && break; sleep 1; done
 }
@@ -580,16 +580,25 @@ spill_uses() {
 # The LM at 2.2x with the evictor parking what it moves off (evict_park:1):
 # its losses equal those placed by use. A parked range that some call reaches
 # unseen fails the run (cuBLAS's memsets through cudart did, before
-# cuGetProcAddress answered the gated trampolines: docs/eviction.md).
+# cuGetProcAddress answered the gated trampolines: docs/eviction.md). The
+# parked run's trace says what the evictor did, step by step. An H200's host
+# cannot hold the LM at twice the H200: there the device is capped at 58 GB and
+# the LM runs at 300, 2.26x that (docs/results.md, thirtieth session).
 spill_park_lm() {
-  local dir=$out/spill-park-lm pool conf rc=0
+  local dir=$out/spill-park-lm pool conf rc=0 size=400 budget="" gpu_mib trace
   mkdir -p "$dir"
-  host_pool "$dir"
-  for conf in default:host_budget:85% park:host_budget:85%,evict:1,place_by_use:0,evict_park:1; do
-    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size 400 --steps 3 --timeout 200 \
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
+  [ "${gpu_mib:-0}" -gt 100000 ] && size=300 budget=,device_budget:58G
+  host_pool "$dir" "$([ -n "$budget" ] && echo 80G || echo 100G)"
+  for conf in default:host_budget:85%$budget \
+    park:host_budget:85%$budget,evict:1,place_by_use:0,evict_park:1,trace:$dir/park-%p.trace; do
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size "$size" --steps 3 --timeout 200 \
       --conf "${conf#*:}" --losses "$dir/${conf%%:*}.json" || { rc=1; break; }
   done
   [ "$rc" = 0 ] && { python3 tests/gpu/spill_train.py --compare "$dir/default.json" "$dir/park.json" || rc=1; }
+  for trace in "$dir"/park-*.trace; do
+    [ -f "$trace" ] && grep -q '^# evictor' "$trace" && python3 tests/traces/evictor_steps.py "$trace"
+  done
   [ -n "$pool" ] && kill "$pool"
   return "$rc"
 }
