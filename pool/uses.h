@@ -96,6 +96,8 @@ class Uses {
   void try_bring_in() { bring_in_ = place_; }
   // Eviction is on trial (set once, before use): with place_by_use, after the plan's.
   void try_evict() { evict_ = place_; }
+  // The evictor runs at all times (evict:1): the report says so.
+  void evict_always() { evict_always_ = true; }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -229,6 +231,7 @@ class Uses {
   const bool place_;
   bool bring_in_ = false;
   bool evict_ = false;
+  bool evict_always_ = false;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

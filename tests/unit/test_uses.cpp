@@ -439,6 +439,11 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
     EXPECT_FALSE(off.uses().evicts(0)) << "step " << i;
   }
   EXPECT_NE(off.uses().report().find(" evict=off "), std::string::npos) << off.uses().report();
+  // With the evictor at all times (evict:1), the report says so.
+  Job always(true, 64 * mib);
+  always.uses().evict_always();
+  for (int i = 0; i < ordered_steps + 2; ++i) always.step();
+  EXPECT_NE(always.uses().report().find(" evict=always "), std::string::npos) << always.uses().report();
 }
 
 }  // namespace
