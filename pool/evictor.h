@@ -92,8 +92,8 @@ class Evictor {
     double ahead = 1.0 / 8;
     // A batch back to the device moves at most this share of the device's
     // memory (at least one range): a call waiting for a parked range
-    // (bring_back) waits for the batch under way, and the LM at 2.2x an
-    // 80 GB budget on an H200 had calls wait up to 1 s behind batches of
+    // (bring_back) waits for the batch under way, and the LM at 2.2x a
+    // 78 GB budget on an H200 had calls wait up to 1 s behind batches of
     // 50 GB (docs/results.md, thirtieth session).
     double batch = 1.0 / 32;
     // Only ranges of at least this share of the device's memory are evicted

@@ -79,8 +79,8 @@ class Pool {
   // large allocations are placed by their use (pool/uses.h). With `evict`
   // too, and a mover, live allocations move off the device and back while it
   // spills (pool/evictor.h): always, or (`tried`, with place_by_use) on trial
-  // after placing by use's, kept where it shortens the steps; parking what it evicts with `park`
-  // (VmmPool::park_evictions). With `bring_in` (and track_access and a mover,
+  // after placing by use's, kept where it shortens the steps; parking what it
+  // evicts with `park` (VmmPool::park_evictions). With `bring_in` (and track_access and a mover,
   // without evict), a launch's large spilled references come onto the device
   // before it runs where the device has room for them (bring_in()): `tried`
   // needs place_by_use, whose steps it is timed by.
