@@ -120,8 +120,7 @@ class Pool {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
-    if (evictor_ && evict == Evict::tried) uses_.try_evict();
-    if (evictor_ && evict == Evict::always) uses_.evict_always();
+    if (evictor_) uses_.set_evict(evict);
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());

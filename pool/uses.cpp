@@ -137,7 +137,7 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   }
   switch (d.evict) {
     case EvictTrial::untried:
-      if (evict_ && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.evict = EvictTrial::trying;
+      if (evict_ == Evict::tried && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.evict = EvictTrial::trying;
       break;
     case EvictTrial::trying:
       if (++d.evict_steps == 2) judge_evict(d, step);  // the first step that evicts settles it
@@ -331,7 +331,10 @@ std::string Uses::report_plan(std::size_t most) const {
              "last_step_slow_map_ms=%.1f\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
-             evict_always_ ? "always" : evict_ ? bring_ins[int(d.evict)] : "off", double(d.evict_ns) / 1e6,
+             evict_ == Evict::always  ? "always"
+             : evict_ == Evict::tried ? bring_ins[int(d.evict)]
+                                      : "off",
+             double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),

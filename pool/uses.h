@@ -77,6 +77,7 @@
 
 #include "pool/access.h"
 #include "pool/book.h"
+#include "pool/budget.h"
 #include "pool/step_ends.h"
 
 namespace gmem::pool {
@@ -94,10 +95,10 @@ class Uses {
   explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
   // Bringing in is on (set once, before use): with place_by_use, its trial follows the plan's.
   void try_bring_in() { bring_in_ = place_; }
-  // Eviction is on trial (set once, before use): with place_by_use, after the plan's.
-  void try_evict() { evict_ = place_; }
-  // The evictor runs at all times (evict:1): the report says so.
-  void evict_always() { evict_always_ = true; }
+  // How the evictor runs (set once, before use): on trial (evict:tried) only
+  // with place_by_use, after the plan's; at all times (evict:1), which the
+  // report says.
+  void set_evict(Evict mode) { evict_ = mode == Evict::tried && !place_ ? Evict::off : mode; }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -230,8 +231,7 @@ class Uses {
   AccessTable* const table_;
   const bool place_;
   bool bring_in_ = false;
-  bool evict_ = false;
-  bool evict_always_ = false;
+  Evict evict_ = Evict::off;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

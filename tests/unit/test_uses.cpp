@@ -396,7 +396,7 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
 TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   for (const auto& [evict_ns, kept] : {std::pair<int64_t, bool>{89'000'000, true}, {90'000'000, false}}) {
     Job job(true, 64 * mib);
-    job.uses().try_evict();
+    job.uses().set_evict(Evict::tried);
     for (int i = 0; i < ordered_steps; ++i) {
       job.step(i == 2 ? 100'000'000 : 150'000'000);
       EXPECT_FALSE(job.uses().evicts(0)) << "step " << i;
@@ -422,7 +422,7 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   // against 94), drops it at once, at the next request; the first, which
   // settles it (the switch from the plan's placement), does not.
   Job slow(true, 64 * mib);
-  slow.uses().try_evict();
+  slow.uses().set_evict(Evict::tried);
   for (int i = 0; i < ordered_steps; ++i) slow.step(i == 2 ? 100'000'000 : 150'000'000);
   slow.step(94'000'000);
   slow.step(300'000'000);  // eviction begins at this step's peak, and the step settles it
@@ -432,7 +432,7 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_FALSE(slow.uses().evicts(0));
   EXPECT_NE(slow.uses().report().find(" evict=dropped evict_step_ms=200.0 "), std::string::npos)
       << slow.uses().report();
-  // Without try_evict, never.
+  // Without evict:tried, never.
   Job off(true, 64 * mib);
   for (int i = 0; i < ordered_steps + 6; ++i) {
     off.step();
@@ -441,7 +441,7 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_NE(off.uses().report().find(" evict=off "), std::string::npos) << off.uses().report();
   // With the evictor at all times (evict:1), the report says so.
   Job always(true, 64 * mib);
-  always.uses().evict_always();
+  always.uses().set_evict(Evict::always);
   for (int i = 0; i < ordered_steps + 2; ++i) always.step();
   EXPECT_NE(always.uses().report().find(" evict=always "), std::string::npos) << always.uses().report();
 }
