@@ -30,19 +30,22 @@ EVICTOR = "# evictor "
 
 def scan(lines):
     """The trace's allocation and free events (checked, as gmem_trace.parse
-    does), and its evictor lines as (events before it, time_us, id or None,
-    [what...]), and the clock: (events before it, time_us) for each timed line."""
+    does), and its evictor lines as (events before it, time_us, the bytes of
+    the allocation it names (its last, if freed since; 0 for none), [what...]),
+    and the clock: (events before it, time_us) for each timed line."""
     events = gmem_trace.parse(lines)
-    moves, clock, seen = [], [], 0
+    moves, clock, seen, size = [], [], 0, {}
     for line in lines:
         fields = line.split()
         if fields and fields[0] in ("a", "f"):
             seen += 1
+            if fields[0] == "a":
+                size[int(fields[1])] = int(fields[2])
         elif fields and fields[0] == "u":
             clock.append((seen, int(fields[1])))
         elif line.startswith(EVICTOR):
             t, ident, *what = line[len(EVICTOR):].split()
-            moves.append((seen, int(t), None if ident == "-" else int(ident), what))
+            moves.append((seen, int(t), 0 if ident == "-" else size.get(int(ident), 0), what))
             clock.append((seen, int(t)))
     return events, moves, clock
 
@@ -50,17 +53,10 @@ def scan(lines):
 def steps(events, moves, clock):
     """Per whole step: a Counter of its figures (bytes, counts, ms) and its time in ms."""
     starts = copy_floor.steps_of(events)
-
-    def bytes_of(ident, at):
-        # The allocation `ident` live before event `at` (the last one it named).
-        for e in reversed(events[:at]):
-            if e[0] == "a" and e[1] == ident:
-                return e[2]
-        return 0
     out = []
     for begin, end in zip(starts, starts[1:]):
         figures = collections.Counter()
-        for at, _, ident, what in moves:
+        for at, _, named, what in moves:
             if not begin <= at < end:
                 continue
             kind = what[0]
@@ -72,8 +68,8 @@ def steps(events, moves, clock):
                 figures["held"] += 1
                 figures["held_ms"] += int(what[1]) / 1e3
                 figures["told_no"] += what[2] == "no"
-            elif kind == "unparked" and ident is not None:
-                figures["unparked_gb"] += bytes_of(ident, at) / 1e9
+            elif kind == "unparked":
+                figures["unparked_gb"] += named / 1e9
             elif kind == "waited":
                 figures["waits"] += 1
                 figures["wait_ms"] += int(what[2]) / 1e3
