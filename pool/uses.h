@@ -52,11 +52,12 @@
 // at least 5% shorter than the best step without it (the plan's where kept,
 // else the shortest in the order requested), or dropped as soon as that
 // step has lasted twice as long (not the first: the switch from the plan's
-// placement costs it, the LM's 11.9 s against 4.6). It pays where what the device lacks is
-// kept across the step and used late, as a training step's activations (the
-// LM at 2.26x a 58 GB budget on an H200, parked: 2.9 s against 4.6 s placed by
-// use), and costs where it is temporaries used at once (the GCN: 10.1 s
-// against 6.3 s): docs/results.md, thirtieth session.
+// placement costs it; the LM's took 7.8 s from peak to peak against the
+// plan's 3.9). It pays where what the device lacks is kept across the step
+// and used late, as a training step's activations (the LM at 2.26x a 58 GB
+// budget on an H200, parked: 2.9 s against 4.6 s placed by use), and costs
+// where it is temporaries used at once (the GCN: 10.1 s against 6.3 s):
+// docs/results.md, thirtieth session.
 //
 // No plan once a peer holds part of a device's peak: what leaves the device
 // goes to a peer before the host whatever the plan, and runs there at about
