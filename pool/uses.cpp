@@ -69,7 +69,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
     stepped(d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
-  } else if (d.evict == EvictTrial::trying && d.evict_steps && now_ns - d.step_ns > 2 * d.placed_ns()) {
+  } else if (d.evict == EvictTrial::trying && d.evict_steps && now_ns - d.step_ns > 2 * d.placed_ns) {
     judge_evict(d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
@@ -137,7 +137,13 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   }
   switch (d.evict) {
     case EvictTrial::untried:
-      if (evict_ == Evict::tried && (d.trial == Trial::kept || d.trial == Trial::dropped)) d.evict = EvictTrial::trying;
+      // From the plan's verdict, one step placed as it says is timed first
+      // (evict_steps counts from the verdict's step).
+      if (evict_ == Evict::tried && (d.trial == Trial::kept || d.trial == Trial::dropped) && ++d.evict_steps == 2) {
+        d.placed_ns = step;
+        d.evict = EvictTrial::trying;
+        d.evict_steps = 0;
+      }
       break;
     case EvictTrial::trying:
       if (++d.evict_steps == 2) judge_evict(d, step);  // the first step that evicts settles it
@@ -150,7 +156,7 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
 
 void Uses::judge_evict(Device& d, int64_t step) {
   d.evict_ns = step;
-  d.evict = step * 20 <= d.placed_ns() * 19 ? EvictTrial::kept : EvictTrial::dropped;
+  d.evict = step * 20 <= d.placed_ns * 19 ? EvictTrial::kept : EvictTrial::dropped;
 }
 
 void Uses::judge_bring_in(Device& d, int64_t step) {
@@ -325,7 +331,8 @@ std::string Uses::report_plan(std::size_t most) const {
     static constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
-             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s evict_step_ms=%.1f last_step_ms=%.1f "
+             "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s placed_step_ms=%.1f evict_step_ms=%.1f "
+             "last_step_ms=%.1f "
              "last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
              "last_step_slow_map_ms=%.1f\n",
@@ -334,7 +341,7 @@ std::string Uses::report_plan(std::size_t most) const {
              evict_ == Evict::always  ? "always"
              : evict_ == Evict::tried ? bring_ins[int(d.evict)]
                                       : "off",
-             double(d.evict_ns) / 1e6,
+             double(d.placed_ns) / 1e6, double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),
