@@ -120,7 +120,7 @@ class Pool {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
-    if (evictor_) uses_.set_evict(evict);
+    if (evictor_) uses_.set_evict(evict, [this](int device) { vmm_->placement_changed(device); });
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());

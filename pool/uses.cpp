@@ -66,11 +66,11 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
   if (d.step_ends.ended(asked, d.peak_asked)) {
-    stepped(d, now_ns, work);
+    stepped(request.device, d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
   } else if (d.evict == EvictTrial::trying && d.evict_steps && now_ns - d.step_ns > 2 * d.placed_ns) {
-    judge_evict(d, now_ns - d.step_ns);
+    judge_evict(request.device, d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
   d.peak_asked = asked;
@@ -89,7 +89,7 @@ bool Uses::holds(int device, bool (Device::*state)() const) const {
   return it != devices_.end() && (it->second.*state)();
 }
 
-void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
+void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
   d.step_ns = now_ns;
   d.last_step = {.misses = work.misses - d.at_step.misses,
@@ -143,10 +143,11 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
         d.placed_ns = step;
         d.evict = EvictTrial::trying;
         d.evict_steps = 0;
+        if (evict_switched_) evict_switched_(device);
       }
       break;
     case EvictTrial::trying:
-      if (++d.evict_steps == 2) judge_evict(d, step);  // the first step that evicts settles it
+      if (++d.evict_steps == 2) judge_evict(device, d, step);  // the first step that evicts settles it
       break;
     case EvictTrial::kept:
     case EvictTrial::dropped:
@@ -154,9 +155,10 @@ void Uses::stepped(Device& d, int64_t now_ns, const Work& work) {
   }
 }
 
-void Uses::judge_evict(Device& d, int64_t step) {
+void Uses::judge_evict(int device, Device& d, int64_t step) {
   d.evict_ns = step;
   d.evict = step * 20 <= d.placed_ns * 19 ? EvictTrial::kept : EvictTrial::dropped;
+  if (d.evict == EvictTrial::dropped && evict_switched_) evict_switched_(device);
 }
 
 void Uses::judge_bring_in(Device& d, int64_t step) {

@@ -73,6 +73,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -101,8 +102,12 @@ class Uses {
   void try_bring_in() { bring_in_ = place_; }
   // How the evictor runs (set once, before use): on trial (evict:tried) only
   // with place_by_use, after the plan's; at all times (evict:1), which the
-  // report says.
-  void set_evict(Evict mode) { evict_ = mode == Evict::tried && !place_ ? Evict::off : mode; }
+  // report says. `switched` is told of a device where its trial begins or
+  // drops it (under the lock of this; not to call back).
+  void set_evict(Evict mode, std::function<void(int)> switched = {}) {
+    evict_ = mode == Evict::tried && !place_ ? Evict::off : mode;
+    evict_switched_ = std::move(switched);
+  }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -213,14 +218,15 @@ class Uses {
   };
   // Whether `device` is known and in `state` now.
   bool holds(int device, bool (Device::*state)() const) const;
-  // One step reached its peak at `now_ns`, the pool's work then `work`: the trials go on.
-  void stepped(Device& d, int64_t now_ns, const Work& work);
+  // One step of `device` (`d`) reached its peak at `now_ns`, the pool's work
+  // then `work`: the trials go on.
+  void stepped(int device, Device& d, int64_t now_ns, const Work& work);
   // Bringing in is kept if `step` (its trial's) is shorter than the
   // shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
   // Eviction is kept if `step` (its trial's) is at least 5% shorter than
   // Device::placed_ns, else dropped.
-  void judge_evict(Device& d, int64_t step);
+  void judge_evict(int device, Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;
   std::string report_plan(std::size_t most) const;
@@ -234,6 +240,7 @@ class Uses {
   const bool place_;
   bool bring_in_ = false;
   Evict evict_ = Evict::off;
+  std::function<void(int)> evict_switched_;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

@@ -128,7 +128,7 @@ void VmmPool::end_step(int device) {
   // beside the 43 GB g had freed before it, 25% of all it held at the peak,
   // left by the mover's first round: docs/results.md.) Where the step after
   // such a return had to make spilled chunks, they were needed after all,
-  // and only idle chunks go back from then on.
+  // and only idle chunks go back from then on (until placement_changed).
   ++steps.ended;
   const bool remade = b.work.misses != steps.misses;
   if (steps.gave_back_free_at_peaks && b.work.spilled_made != steps.spilled_made) steps.keep_free_at_peaks = true;
@@ -148,6 +148,12 @@ void VmmPool::end_step(int device) {
   steps.began = pieces_.handed_out();
   steps.spilled_made = b.work.spilled_made;
   steps.misses = b.work.misses;
+}
+
+void VmmPool::placement_changed(int device) {
+  std::lock_guard lock(mutex_);
+  Steps& steps = steps_[device];
+  steps.gave_back_free_at_peaks = steps.keep_free_at_peaks = false;
 }
 
 std::size_t VmmPool::free_device_bytes(int device, std::optional<StreamId> ready_on) {

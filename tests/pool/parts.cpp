@@ -284,31 +284,62 @@ TEST_F(Steps, TheLastStepsPeakIsNotedWhileTheDeviceSpills) {
 // back; made again, Q takes P's two chunks and must pin six more. They were
 // needed after all: from then on none goes back for lying free at the peaks,
 // where each return would pin again the step after.
-TEST_F(Steps, SpilledChunksFreeAtTwoPeaksGoBackUntilTheirReturnIsPinnedAgain) {
-  auto alloc_off = [&](Block* b, std::size_t size) { return pool.alloc(b, size, 0, nullptr, 1, false, size); };
-  {
+class FreeAtPeaks : public Steps {
+ protected:
+  FreeAtPeaks() {
     Block p, q;
-    ASSERT_EQ(alloc_off(&p, 128 * MiB), CUDA_SUCCESS);
-    ASSERT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
-    ASSERT_EQ(pool.free(q.base), CUDA_SUCCESS);
-    ASSERT_EQ(pool.free(p.base), CUDA_SUCCESS);
+    EXPECT_EQ(alloc_off(&p, 128 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(pool.free(q.base), CUDA_SUCCESS);
+    EXPECT_EQ(pool.free(p.base), CUDA_SUCCESS);
   }
-  const uint64_t made = pool.work(0).spilled_made;
-  for (int step = 0; step < 8; ++step) {
-    Block first, big, p, q;
+  CUresult alloc_off(Block* b, std::size_t size) { return pool.alloc(b, size, 0, nullptr, 1, false, size); }
+  // One step, with Q or without; with `other`, a range of that size on the
+  // device after the peak (a step that makes a range).
+  void step(bool with_q, std::size_t other = 0) {
+    Block first, big, p, q, o;
     ASSERT_EQ(pool.alloc(&first, 4096, 0, nullptr, 1, false), CUDA_SUCCESS);
     ASSERT_EQ(pool.alloc(&big, 768 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
     ASSERT_EQ(alloc_off(&p, 128 * MiB), CUDA_SUCCESS);
     ASSERT_EQ(pool.free(p.base), CUDA_SUCCESS);
     ASSERT_EQ(pool.free(big.base), CUDA_SUCCESS);
-    ASSERT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
-    EXPECT_EQ(tiers.split(q.base, q.size).host, 512 * MiB) << "step " << step;
-    ASSERT_EQ(pool.free(q.base), CUDA_SUCCESS);
+    if (with_q) {
+      ASSERT_EQ(alloc_off(&q, 512 * MiB), CUDA_SUCCESS);
+      EXPECT_EQ(tiers.split(q.base, q.size).host, 512 * MiB);
+      ASSERT_EQ(pool.free(q.base), CUDA_SUCCESS);
+    }
+    if (other) {
+      ASSERT_EQ(pool.alloc(&o, other, 0, nullptr, 1, false), CUDA_SUCCESS);
+      EXPECT_EQ(tiers.split(o.base, o.size).host, 0u);
+      ASSERT_EQ(pool.free(o.base), CUDA_SUCCESS);
+    }
     ASSERT_EQ(pool.free(first.base), CUDA_SUCCESS);
   }
+};
+
+TEST_F(FreeAtPeaks, SpilledChunksFreeAtTwoPeaksGoBackUntilTheirReturnIsPinnedAgain) {
+  const uint64_t made = pool.work(0).spilled_made;
+  for (int i = 0; i < 8; ++i) step(true);
   EXPECT_EQ(pool.work(0).spilled_released, 8u) << "Q's eight chunks, once";
   EXPECT_EQ(pool.work(0).spilled_made, made + 6);
   EXPECT_EQ(tiers.host_held(), 512 * MiB);
+}
+
+// Once the steps no longer ask for Q, its chunks lie free at every peak while
+// each step makes a range (so none lay idle all through a step): they stay,
+// as learned, until what moves the device's memory changes (the evictor's
+// trial began or dropped it), and go back then.
+TEST_F(FreeAtPeaks, WhatWasLearnedIsLearnedAgainOnceThePlacementChanges) {
+  for (int i = 0; i < 8; ++i) step(true);
+  const uint64_t released = pool.work(0).spilled_released;
+  std::size_t other = 8 * MiB;
+  for (int i = 0; i < 4; ++i, other += 2 * MiB) step(false, other);
+  EXPECT_EQ(pool.work(0).spilled_released, released) << "kept, as learned";
+  EXPECT_EQ(tiers.host_held(), 512 * MiB);
+  pool.placement_changed(0);
+  for (int i = 0; i < 4; ++i, other += 2 * MiB) step(false, other);
+  EXPECT_EQ(pool.work(0).spilled_released, released + 6) << "Q's chunks beyond P's two";
+  EXPECT_EQ(tiers.host_held(), 128 * MiB);
 }
 
 // A pool on the 1 GiB device that leaves the driver its last 64 MiB once it

@@ -398,7 +398,8 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   // step (94 ms): 114 ms is 5% shorter, 115 ms is not.
   for (const auto& [evict_ns, kept] : {std::pair<int64_t, bool>{114'000'000, true}, {115'000'000, false}}) {
     Job job(true, 64 * mib);
-    job.uses().set_evict(Evict::tried);
+    std::vector<int> switched;  // the devices where the trial began or dropped it
+    job.uses().set_evict(Evict::tried, [&](int device) { switched.push_back(device); });
     for (int i = 0; i < ordered_steps; ++i) {
       job.step(i == 2 ? 100'000'000 : 150'000'000);
       EXPECT_FALSE(job.uses().evicts(0)) << "step " << i;
@@ -409,10 +410,12 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
     EXPECT_FALSE(job.uses().evicts(0)) << "this step, placed by the plan, is timed first";
     EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0}));  // timed at this peak: eviction begins
     EXPECT_TRUE(job.uses().evicts(0));
+    EXPECT_EQ(switched, std::vector<int>{0});
     EXPECT_EQ(job.step(evict_ns), (Off{0, 0, 0})) << "the plan places nothing while the evictor is tried";
     EXPECT_TRUE(job.uses().evicts(0));
     job.step();  // the second step that evicts, timed at this peak
     EXPECT_EQ(job.uses().evicts(0), kept) << evict_ns << " ns";
+    EXPECT_EQ(switched, std::vector<int>(kept ? 1 : 2, 0)) << "told again only where dropped";
     for (int i = 0; i < 2; ++i) {
       const Off after = kept ? Off{0, 0, 0} : Off{128 * mib, 0, 0};
       EXPECT_EQ(job.step(), after) << evict_ns << " ns, step " << i;
