@@ -86,6 +86,7 @@ void Evictor::look(int device, DeviceState& state) {
   state.why.clear();
   if (lives.empty()) return;
   std::unordered_map<CUdeviceptr, Seen> seen;
+  const bool evicts = evicting(device);
   for (const VmmPool::Live& l : lives) {
     const AccessRecord* record = table_.find(l.base);
     const uint64_t launches = record ? record->launched() : 0;
@@ -98,6 +99,15 @@ void Evictor::look(int device, DeviceState& state) {
       now.evicted_at = was.evicted_at;
       now.evicted_launches = was.evicted_launches;
       now.returned = was.returned && was.launches == launches;
+    }
+    // While it evicts, a range off the device that it did not move there
+    // (placed there when requested: by place_by_use, or short of room) comes
+    // back as the evicted ones do, the oldest of them. Under evict:tried the
+    // plan placed the LM's optimizer state on the host, which kernels then
+    // read in place every step.
+    if (!now.evicted && evicts && l.spilled > 0) {
+      now.evicted = true;
+      now.evicted_launches = launches;
     }
     seen[l.base] = now;
   }
@@ -181,7 +191,7 @@ void Evictor::look(int device, DeviceState& state) {
     }
     return;
   }
-  if (room >= low || !evicting(device)) return;
+  if (room >= low || !evicts) return;
   // Off the device, the oldest idle first, until `high` is free.
   std::vector<const VmmPool::Live*> idle;
   for (const VmmPool::Live& l : lives) {

@@ -8,6 +8,9 @@
 // pass made, in reverse). Once a launch uses an evicted range where it lies
 // (the backward pass has reached it), the ones evicted before it come back
 // next, as far as `Settings::ahead` goes, whether or not a request waits.
+// While it evicts, a range off the device that it did not move (spilled when
+// requested, or placed off the device by use before an evict:tried trial)
+// comes back as the evicted ones do, the oldest of them.
 //
 // A move of a batch of ranges never holds the program while the device
 // drains:

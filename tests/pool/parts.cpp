@@ -487,6 +487,32 @@ TEST_F(EvictorLooks, RangesComeBackAtMostA32ndOfTheDeviceABatch) {
   EXPECT_EQ(spilled(), 0u);
 }
 
+// A range spilled when requested (the device short of room, or placed off
+// it by use) comes back as the evicted ones do once room opens, while the
+// evictor evicts; while it does not (evict:tried, before its trial), where
+// it was placed stays.
+class EvictorAdopts : public EvictorLooks {
+ protected:
+  // The bytes still on the host, after room opened, of a range spilled when requested.
+  std::size_t left_on_host() {
+    std::vector<Block> large;
+    for (int i = 0; i < 66; ++i) large.push_back(alloc(128 * MiB));
+    EXPECT_EQ(on_host(large.back()), 128 * MiB) << "the last spills";
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(pool.free(large[i].base), CUDA_SUCCESS);
+    looks(4);
+    return on_host(large.back());
+  }
+};
+
+TEST_F(EvictorAdopts, ARangeSpilledWhenRequestedComesBackOnceRoomOpensWhileEvicting) {
+  EXPECT_EQ(left_on_host(), 0u);
+}
+
+TEST_F(EvictorAdopts, ARangeSpilledWhenRequestedStaysWhileNotEvicting) {
+  evicting = false;
+  EXPECT_EQ(left_on_host(), 128 * MiB);
+}
+
 // Where eviction is not on (evict:tried, before its trial or once dropped),
 // nothing is evicted, however short of room the device is, and what was
 // evicted still comes back as room opens.
