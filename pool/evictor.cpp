@@ -253,6 +253,7 @@ struct Evictor::Batch {
   std::vector<CUdeviceptr> out = {};  // the ranges moved
   std::vector<Block> blocks = {};     // their allocations
   uint64_t cancelled = 0, resynced = 0, copy_wait_ns = 0, driver_ns = 0;
+  std::size_t bytes = 0;  // of the ranges moved
 };
 
 std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, const std::vector<CUdeviceptr>& bases,
@@ -265,6 +266,7 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     moving_ = true;  // from the first chunk a plan makes
   }
   Batch batch{state, to_host};
+  const int64_t planned_from = now_ns();
   for (CUdeviceptr base : bases) {
     VmmPool::Move m;
     if (!vmm_.plan_move(base, to_host, &m)) continue;
@@ -284,12 +286,14 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     ++ended_;
     moved_.notify_all();
   };
+  const int64_t start = now_ns();
   if (batch.moves.empty()) {
     pop();
+    std::lock_guard lock(mutex_);
+    work_.plan_ns += uint64_t(start - planned_from);
     return {};
   }
   Submissions& gate = *settings_.submissions;
-  const int64_t start = now_ns();
   // Marked from a point no submitting call straddles: from then on a launch
   // that references a range touches it (to the host) or waits for it (to the
   // device), and any other call changes `entries`.
@@ -316,6 +320,16 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     if (batch.status[i] == CUDA_SUCCESS) batch.status[i] = vmm_.stage(batch.moves[i]);
   }
   to_host ? carry_to_host(batch) : carry_to_device(batch);
+  const int64_t end = now_ns();
+  // What the batch's time went to: choosing (and making) the chunks its
+  // ranges go to, waiting for the device, moving them (of which waiting for
+  // the copies), in microseconds.
+  if (settings_.told) {
+    tell(0, std::string("batch ") + (to_host ? "to-host " : "to-device ") + std::to_string(batch.out.size()) + " " +
+              std::to_string(batch.bytes) + " " + std::to_string((start - planned_from) / 1000) + " " +
+              std::to_string((synced_at - start) / 1000) + " " + std::to_string((end - synced_at) / 1000) + " " +
+              std::to_string(batch.copy_wait_ns / 1000));
+  }
   // Told before the batch ends: a request that waited for it (wait_moves)
   // finds the placements as they are.
   if (!batch.blocks.empty() && settings_.moved) settings_.moved(batch.blocks);
@@ -330,8 +344,9 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
   work_.cancelled += batch.cancelled;
   work_.unsynced += quiet && synced;
   work_.resynced += batch.resynced;
+  work_.plan_ns += uint64_t(start - planned_from);
   work_.sync_ns += uint64_t(synced_at - start);
-  const uint64_t move_ns = uint64_t(now_ns() - synced_at);
+  const uint64_t move_ns = uint64_t(end - synced_at);
   work_.move_ns += move_ns;
   work_.evict_ns += to_host ? move_ns : 0;
   work_.driver_ns += batch.driver_ns;
@@ -373,6 +388,7 @@ void Evictor::settle(Batch& batch, std::size_t i) {
   }
   if (!done) return;
   batch.out.push_back(m.base);
+  batch.bytes += m.bytes;
   if (std::optional<Block> block = vmm_.find(m.base); block && block->size) batch.blocks.push_back(*block);
 }
 

@@ -149,6 +149,9 @@ class Evictor {
     uint64_t cancelled = 0;  // moves a launch touched before their remap
     uint64_t resynced = 0;   // moves that synchronized again with the gate held
     uint64_t unsynced = 0;   // batches back to the device that needed no sync first
+    // Choosing the chunks the ranges go to, making them where none is free
+    // (host chunks pinned, or imported from gmemd's pool), before a batch.
+    uint64_t plan_ns = 0;
     uint64_t sync_ns = 0;    // waiting for the device before moving (the program going on)
     uint64_t move_ns = 0;    // copying and remapping
     uint64_t evict_ns = 0;   // of move_ns, in batches to the host

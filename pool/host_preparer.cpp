@@ -12,7 +12,7 @@ HostPreparer::HostPreparer(std::size_t target, std::size_t unit, Make make)
     : target_(target), unit_(unit), make_(std::move(make)) {
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gmem-prepare");  // as top and /proc show it
-    vmm::count_as_background();
+    vmm::count_as(vmm::Thread::preparer);
     run();
   });
 }

@@ -63,7 +63,7 @@ void Mover::spilled(int64_t asked_ns) {
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gmem-mover");  // as top and /proc show it
-    vmm::count_as_background();
+    vmm::count_as(vmm::Thread::mover);
     run();
   });
   static std::once_flag handlers;

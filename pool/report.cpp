@@ -25,14 +25,14 @@ std::string format_vmm_calls() {
   std::string out;
   for (std::size_t c = 0; c < vmm::call_kinds; ++c) {
     for (bool host : {false, true}) {
-      for (bool background : {false, true}) {
-        const vmm::CallFigure f = vmm::call_figure(vmm::Call(c), host, background);
+      for (std::size_t t = 0; t < vmm::thread_kinds; ++t) {
+        const vmm::CallFigure f = vmm::call_figure(vmm::Call(c), host, vmm::Thread(t));
         if (!f.calls) continue;
         char buf[256];
         snprintf(buf, sizeof buf,
                  "gmem: report vmm-calls call=%s memory=%s thread=%s calls=%" PRIu64 " bytes=%" PRIu64
                  " us=%" PRIu64 "\n",
-                 vmm::call_name(vmm::Call(c)), host ? "host" : "gpu", background ? "background" : "program", f.calls,
+                 vmm::call_name(vmm::Call(c)), host ? "host" : "gpu", vmm::thread_name(vmm::Thread(t)), f.calls,
                  f.bytes, f.ns / 1000);
         out += buf;
       }
@@ -90,7 +90,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
            " evictions=" + std::to_string(w.evictions) + " prefetches=" + std::to_string(w.prefetches) +
            " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) +
            " unsynced=" + std::to_string(w.unsynced) +
-           " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
+           " plan_us=" + std::to_string(w.plan_ns / 1000) + " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
            " evict_us=" + std::to_string(w.evict_ns / 1000) + " driver_us=" + std::to_string(w.driver_ns / 1000) +
            " copy_wait_us=" + std::to_string(w.copy_wait_ns / 1000) + " waits=" + std::to_string(w.waits) +
            " wait_us=" + std::to_string(w.wait_ns / 1000) + " waits_stuck=" + std::to_string(w.waits_stuck) +

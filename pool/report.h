@@ -23,7 +23,7 @@ namespace gmem::pool {
 std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm = nullptr, const Mover* mover = nullptr,
                           const Uses* uses = nullptr, const Evictor* evictor = nullptr);
 // Of the report's lines with the VMM pool, gmem's VMM calls (vmm/costs.h):
-// "gmem: report vmm-calls call=C memory=gpu|host thread=program|background
+// "gmem: report vmm-calls call=C memory=gpu|host thread=program|mover|preparer
 // calls=N bytes=N us=N", a line for each that made any.
 std::string format_vmm_calls();
 

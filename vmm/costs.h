@@ -1,9 +1,12 @@
 // What gmem's own VMM calls cost (report:1 prints it: pool/report.cpp): per
 // kind of call, the calls, bytes and time, by whether the chunk is a GPU's
-// memory or the host's, and whether a program's thread made the call or a
-// background thread of gmem's (the mover's, the host preparer's). A call on a
-// program's thread holds the program (an allocation, a launch that unparks);
-// one on a background thread only competes with it.
+// memory or the host's, and which thread made the call: a program's, or one
+// of gmem's own, the mover's (which also runs the evictor) or the host
+// preparer's. A call on a program's thread holds the program (an allocation, a
+// launch that unparks); one on gmem's threads only competes with it, unless
+// the program waits for what that thread does (a request waiting for room).
+// The evictor's calls and the preparer's are told apart for the parked LM's
+// first step (docs/results.md, thirty-first session).
 #pragma once
 
 #include <cstddef>
@@ -18,10 +21,14 @@ const char* call_name(Call call);
 struct CallFigure {
   uint64_t calls = 0, bytes = 0, ns = 0;
 };
-CallFigure call_figure(Call call, bool host, bool background);
+enum class Thread : uint8_t { program, mover, preparer };
+inline constexpr std::size_t thread_kinds = 3;
+const char* thread_name(Thread thread);
+CallFigure call_figure(Call call, bool host, Thread thread);
 
-// The calling thread's calls count as background from now on.
-void count_as_background();
+// The calling thread's calls count as `thread`'s from now on (a program's
+// thread until then).
+void count_as(Thread thread);
 
 // Times one call from its construction to its destruction.
 class CallTimer {

@@ -1188,7 +1188,8 @@ TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
 // says, in comment lines timed as its uses are, what the evictor did with
 // each allocation (TraceRecorder::evictor): here it parks a (the trace's
 // id 0), and the launch of it waits for it (urgent), brought back or, with
-// no room soon enough, mapped onto its host chunks.
+// no room soon enough, mapped onto its host chunks; after each batch of
+// moves, what it moved and what its time went to.
 TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
   const std::string conf = getenv("GMEM_CONF") ? getenv("GMEM_CONF") : "";
   const std::size_t at = conf.find("trace:");
@@ -1203,12 +1204,14 @@ TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
   EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
   check(a, 96 * mib, 1);
   std::ifstream in(path);
-  std::vector<std::string> said;  // what the evictor lines say of a
+  std::vector<std::string> said;     // what the evictor lines say of a
+  std::vector<std::string> batches;  // and of its batches
   for (std::string line; std::getline(in, line);) {
     unsigned long long us = 0;
     char id[16] = "", what[64] = "";
-    if (sscanf(line.c_str(), "# evictor %llu %15s %63[^\n]", &us, id, what) == 3 && std::string(id) == "0") {
-      said.emplace_back(what);
+    if (sscanf(line.c_str(), "# evictor %llu %15s %63[^\n]", &us, id, what) == 3) {
+      if (std::string(id) == "0") said.emplace_back(what);
+      if (std::string(id) == "-" && std::string(what).rfind("batch ", 0) == 0) batches.emplace_back(what);
     }
   }
   std::remove(path.c_str());
@@ -1221,6 +1224,13 @@ TEST_F(EvictPark, TheTraceSaysWhatTheEvictorDid) {
   // Back for the launch; or, where no look came within its wait (a loaded
   // machine), mapped onto its host chunks.
   EXPECT_TRUE(said_one("to-device 100663296 urgent") || said_one("unparked")) << testing::PrintToString(said);
+  // a's batch to the host moved it alone: its ranges and bytes, then four times.
+  unsigned long long moved = 0, bytes = 0, times[4] = {};
+  EXPECT_TRUE(std::any_of(batches.begin(), batches.end(), [&](const std::string& b) {
+    return sscanf(b.c_str(), "batch to-host %llu %llu %llu %llu %llu %llu", &moved, &bytes, &times[0], &times[1],
+                  &times[2], &times[3]) == 6 &&
+           moved == 1 && bytes == 96 * mib && times[3] <= times[2];  // the copy waits are part of the move
+  })) << testing::PrintToString(batches);
 }
 
 // meson's evict-slow-sync run: as evict's, with each synchronization taking

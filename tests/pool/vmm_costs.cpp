@@ -28,12 +28,15 @@ Driver fake_driver() {
 
 TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
   const Driver driver = fake_driver();
-  const CallFigure create_gpu = call_figure(Call::create, false, false);
-  const CallFigure create_host = call_figure(Call::create, true, false);
-  const CallFigure access_host = call_figure(Call::access, true, false);
-  const CallFigure unmap_host = call_figure(Call::unmap, true, false);
-  const CallFigure map_gpu_background = call_figure(Call::map, false, true);
-  const CallFigure release_host = call_figure(Call::release, true, false);
+  constexpr Thread program = Thread::program, mover = Thread::mover, preparer = Thread::preparer;
+  const CallFigure create_gpu = call_figure(Call::create, false, program);
+  const CallFigure create_host = call_figure(Call::create, true, program);
+  const CallFigure access_host = call_figure(Call::access, true, program);
+  const CallFigure unmap_host = call_figure(Call::unmap, true, program);
+  const CallFigure map_gpu_mover = call_figure(Call::map, false, mover);
+  const CallFigure map_host_preparer = call_figure(Call::map, true, preparer);
+  const CallFigure map_host_program = call_figure(Call::map, true, program);
+  const CallFigure release_host = call_figure(Call::release, true, program);
   constexpr std::size_t mib = std::size_t{1} << 20;
   {
     Chunk gpu, host;
@@ -43,28 +46,35 @@ TEST(VmmCosts, EachCallCountsByKindMemoryAndThread) {
     ASSERT_EQ(Reservation::reserve(driver, 6 * mib, &range), CUDA_SUCCESS);
     ASSERT_EQ(range.map(0, host, 0), CUDA_SUCCESS);
     std::thread([&] {
-      count_as_background();
+      count_as(mover);
       EXPECT_EQ(range.map(4 * mib, gpu, 0), CUDA_SUCCESS);
+    }).join();
+    ASSERT_EQ(range.unmap(0, 4 * mib), CUDA_SUCCESS);
+    std::thread([&] {
+      count_as(preparer);
+      EXPECT_EQ(range.map(0, host, 0), CUDA_SUCCESS);
     }).join();
     ASSERT_EQ(range.unmap(0, 4 * mib), CUDA_SUCCESS);
     ASSERT_EQ(range.unmap(4 * mib, 2 * mib), CUDA_SUCCESS);
   }
-  EXPECT_EQ(call_figure(Call::create, false, false).calls, create_gpu.calls + 1);
-  EXPECT_EQ(call_figure(Call::create, false, false).bytes, create_gpu.bytes + 2 * mib);
-  EXPECT_EQ(call_figure(Call::create, true, false).calls, create_host.calls + 1);
-  EXPECT_EQ(call_figure(Call::create, true, false).bytes, create_host.bytes + 4 * mib);
-  const CallFigure access = call_figure(Call::access, true, false);
+  EXPECT_EQ(call_figure(Call::create, false, program).calls, create_gpu.calls + 1);
+  EXPECT_EQ(call_figure(Call::create, false, program).bytes, create_gpu.bytes + 2 * mib);
+  EXPECT_EQ(call_figure(Call::create, true, program).calls, create_host.calls + 1);
+  EXPECT_EQ(call_figure(Call::create, true, program).bytes, create_host.bytes + 4 * mib);
+  const CallFigure access = call_figure(Call::access, true, program);
   EXPECT_EQ(access.calls, access_host.calls + 1);
   EXPECT_GE(access.ns - access_host.ns, 2'000'000u);  // the fake's 2 ms
-  EXPECT_EQ(call_figure(Call::map, false, true).calls, map_gpu_background.calls + 1);
-  EXPECT_EQ(call_figure(Call::unmap, true, false).calls, unmap_host.calls + 1);
-  EXPECT_EQ(call_figure(Call::unmap, true, false).bytes, unmap_host.bytes + 4 * mib);
-  EXPECT_EQ(call_figure(Call::release, true, false).calls, release_host.calls + 1);
+  EXPECT_EQ(call_figure(Call::map, false, mover).calls, map_gpu_mover.calls + 1);
+  EXPECT_EQ(call_figure(Call::map, true, preparer).calls, map_host_preparer.calls + 1);
+  EXPECT_EQ(call_figure(Call::map, true, program).calls, map_host_program.calls + 1);
+  EXPECT_EQ(call_figure(Call::unmap, true, program).calls, unmap_host.calls + 2);
+  EXPECT_EQ(call_figure(Call::unmap, true, program).bytes, unmap_host.bytes + 8 * mib);
+  EXPECT_EQ(call_figure(Call::release, true, program).calls, release_host.calls + 1);
 }
 
 TEST(VmmCosts, TheReportPrintsALinePerKindOfCall) {
   const Driver driver = fake_driver();
-  const CallFigure before = call_figure(Call::reserve, false, false);
+  const CallFigure before = call_figure(Call::reserve, false, Thread::program);
   {
     Reservation range;
     ASSERT_EQ(Reservation::reserve(driver, std::size_t{2} << 20, &range), CUDA_SUCCESS);

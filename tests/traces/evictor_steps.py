@@ -10,8 +10,11 @@ Per step: GB moved to the host, GB brought back (and why: for a call that
 waited, ahead of the backward pass, or as room opened), the calls held until
 a parked allocation was back (and how many were told no, their allocation
 then mapped onto its host chunks and read in place), the GB so unparked, and
-the requests held for room on the device. The thirtieth session's study of
-the parked LM (docs/results.md) read these figures off its traces.
+the requests held for room on the device; where the trace has them (from the
+thirty-first session), what the evictor's batches spent their time on:
+choosing and making the chunks their ranges go to, waiting for the device,
+and moving (of which waiting for the copies). The thirtieth session's study
+of the parked LM (docs/results.md) read these figures off its traces.
 
     python3 tests/traces/evictor_steps.py TRACE
 """
@@ -73,6 +76,10 @@ def steps(events, moves, clock):
             elif kind == "waited":
                 figures["waits"] += 1
                 figures["wait_ms"] += int(what[2]) / 1e3
+            elif kind == "batch":
+                figures["batches"] += 1
+                for name, us in zip(("plan_ms", "sync_ms", "move_ms", "copy_wait_ms"), what[4:8]):
+                    figures[name] += int(us) / 1e3
         times = [t for at, t in clock if begin <= at < end]
         ms = (max(times) - min(times)) / 1e3 if times else 0.0
         out.append((figures, ms))
@@ -89,7 +96,10 @@ def report(lines, out=sys.stdout):
         back = " ".join(f"{why} {f[f'back_{why}_gb']:.1f}" for why in ("urgent", "ahead", "room"))
         print(f"step {i + 1}: {ms:.0f} ms; to the host {f['out_gb']:.1f} GB; back {back} GB; "
               f"calls held {f['held']} ({f['told_no']} told no) {f['held_ms']:.0f} ms; "
-              f"unparked {f['unparked_gb']:.1f} GB; requests held {f['waits']} {f['wait_ms']:.0f} ms", file=out)
+              f"unparked {f['unparked_gb']:.1f} GB; requests held {f['waits']} {f['wait_ms']:.0f} ms" +
+              (f"; {f['batches']} batches: plan {f['plan_ms']:.0f} ms, sync {f['sync_ms']:.0f} ms, "
+               f"move {f['move_ms']:.0f} ms (copy waits {f['copy_wait_ms']:.0f} ms)" if f["batches"] else ""),
+              file=out)
     return per_step
 
 

@@ -19,6 +19,7 @@ LINES = [gmem_trace.HEADER,
          "a 0 2000000000 0", "a 1 2000000000 0",
          "u 900 0 1",
          "# evictor 1000 1 to-host 2000000000 idle",
+         "# evictor 1000 - batch to-host 1 2000000000 120000 30000 45000 40000",
          "# evictor 1500 - waited 2000000000 300000 room",
          "f 0", "f 1",
          "# evictor 2000 0 urgent 250000 back",
@@ -46,6 +47,11 @@ class Steps(unittest.TestCase):
         self.assertAlmostEqual(figures["unparked_gb"], 2.0)  # B's bytes, though freed since
         self.assertEqual(figures["waits"], 1)
         self.assertAlmostEqual(figures["wait_ms"], 300.0)
+        self.assertEqual(figures["batches"], 1)
+        self.assertAlmostEqual(figures["plan_ms"], 120.0)
+        self.assertAlmostEqual(figures["sync_ms"], 30.0)
+        self.assertAlmostEqual(figures["move_ms"], 45.0)
+        self.assertAlmostEqual(figures["copy_wait_ms"], 40.0)
         self.assertAlmostEqual(ms, 1.8)  # from the use at 900 us (after the peak) to 2700
         self.assertEqual(sum(third[0].values()), 0)
 
@@ -55,7 +61,8 @@ class Steps(unittest.TestCase):
         lines = out.getvalue().splitlines()
         self.assertEqual(len(lines), 3)
         self.assertEqual(lines[1], "step 2: 2 ms; to the host 2.0 GB; back urgent 2.0 ahead 0.0 room 0.0 GB; "
-                                   "calls held 2 (1 told no) 1250 ms; unparked 2.0 GB; requests held 1 300 ms")
+                                   "calls held 2 (1 told no) 1250 ms; unparked 2.0 GB; requests held 1 300 ms; "
+                                   "1 batches: plan 120 ms, sync 30 ms, move 45 ms (copy waits 40 ms)")
         out = io.StringIO()
         evictor_steps.report([line + "\n" for line in LINES if not line.startswith("# evictor")], out)
         self.assertIn("no evictor lines", out.getvalue())
