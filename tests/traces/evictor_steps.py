@@ -7,9 +7,12 @@ start; a step's time is the span of the trace's clock in it (the use lines'
 and the evictor lines' times).
 
 Per step: GB moved to the host, GB brought back (and why: for a call that
-waited, ahead of the backward pass, or as room opened), the calls held until
-a parked allocation was back (and how many were told no, their allocation
-then mapped onto its host chunks and read in place), the GB so unparked, and
+waited, ahead of the backward pass, or as room opened; and how much of it
+the evictor had not moved to the host itself: off the device since requested,
+spilled then or served by a parked range), the
+calls held until a parked allocation was back (and how many were told no,
+their allocation then mapped onto its host chunks and read in place), the GB
+so unparked, and
 the requests held for room on the device; where the trace has them (from the
 thirty-first session), what the evictor's batches spent their time on:
 choosing and making the chunks their ranges go to, waiting for the device,
@@ -34,21 +37,30 @@ EVICTOR = "# evictor "
 def scan(lines):
     """The trace's allocation and free events (checked, as gmem_trace.parse
     does), and its evictor lines as (events before it, time_us, the bytes of
-    the allocation it names (its last, if freed since; 0 for none), [what...]),
-    and the clock: (events before it, time_us) for each timed line."""
+    the allocation it names (its last, if freed since; 0 for none), [what...],
+    whether it is a move to the device of an allocation the evictor had not
+    moved to the host (off the device since requested)), and the clock: (events
+    before it, time_us) for each timed line."""
     events = gmem_trace.parse(lines)
-    moves, clock, seen, size = [], [], 0, {}
+    moves, clock, seen, size, evicted = [], [], 0, {}, set()
     for line in lines:
         fields = line.split()
         if fields and fields[0] in ("a", "f"):
             seen += 1
             if fields[0] == "a":
                 size[int(fields[1])] = int(fields[2])
+                evicted.discard(int(fields[1]))
         elif fields and fields[0] == "u":
             clock.append((seen, int(fields[1])))
         elif line.startswith(EVICTOR):
             t, ident, *what = line[len(EVICTOR):].split()
-            moves.append((seen, int(t), 0 if ident == "-" else size.get(int(ident), 0), what))
+            named = None if ident == "-" else int(ident)
+            unmoved = what[0] == "to-device" and named not in evicted
+            if what[0] == "to-host":
+                evicted.add(named)
+            elif what[0] == "to-device":
+                evicted.discard(named)
+            moves.append((seen, int(t), size.get(named, 0), what, unmoved))
             clock.append((seen, int(t)))
     return events, moves, clock
 
@@ -59,7 +71,7 @@ def steps(events, moves, clock):
     out = []
     for begin, end in zip(starts, starts[1:]):
         figures = collections.Counter()
-        for at, _, named, what in moves:
+        for at, _, named, what, unmoved in moves:
             if not begin <= at < end:
                 continue
             kind = what[0]
@@ -67,6 +79,7 @@ def steps(events, moves, clock):
                 figures["out_gb"] += int(what[1]) / 1e9
             elif kind == "to-device":
                 figures[f"back_{what[2]}_gb"] += int(what[1]) / 1e9
+                figures["back_unmoved_gb"] += unmoved * int(what[1]) / 1e9
             elif kind == "urgent":
                 figures["held"] += 1
                 figures["held_ms"] += int(what[1]) / 1e3
@@ -94,7 +107,8 @@ def report(lines, out=sys.stdout):
     per_step = steps(events, moves, clock)
     for i, (f, ms) in enumerate(per_step):
         back = " ".join(f"{why} {f[f'back_{why}_gb']:.1f}" for why in ("urgent", "ahead", "room"))
-        print(f"step {i + 1}: {ms:.0f} ms; to the host {f['out_gb']:.1f} GB; back {back} GB; "
+        unmoved = f" ({f['back_unmoved_gb']:.1f} of it off the device since requested)" if f["back_unmoved_gb"] else ""
+        print(f"step {i + 1}: {ms:.0f} ms; to the host {f['out_gb']:.1f} GB; back {back} GB{unmoved}; "
               f"calls held {f['held']} ({f['told_no']} told no) {f['held_ms']:.0f} ms; "
               f"unparked {f['unparked_gb']:.1f} GB; requests held {f['waits']} {f['wait_ms']:.0f} ms" +
               (f"; {f['batches']} batches: plan {f['plan_ms']:.0f} ms, sync {f['sync_ms']:.0f} ms, "

@@ -14,12 +14,14 @@ GB = 10**9
 
 # A and B (ids 0 and 1, 2 GB each) make each step's peak; three peaks, so two
 # whole steps after the first (which runs from the start). What the evictor
-# did falls in the second step.
+# did falls in the second step, but for the third's one move: B, made again
+# and off the device since requested, brought to the device.
 LINES = [gmem_trace.HEADER,
          "a 0 2000000000 0", "a 1 2000000000 0",
          "u 900 0 1",
+         "# evictor 950 0 to-host 2000000000 idle",
          "# evictor 1000 1 to-host 2000000000 idle",
-         "# evictor 1000 - batch to-host 1 2000000000 120000 30000 45000 40000",
+         "# evictor 1000 - batch to-host 2 4000000000 120000 30000 45000 40000",
          "# evictor 1500 - waited 2000000000 300000 room",
          "f 0", "f 1",
          "# evictor 2000 0 urgent 250000 back",
@@ -28,6 +30,7 @@ LINES = [gmem_trace.HEADER,
          "# evictor 2700 1 urgent 1000000 no",
          "a 0 2000000000 0", "a 1 2000000000 0",
          "u 3000 0 1",
+         "# evictor 3100 1 to-device 1000000000 room",
          "f 0", "f 1",
          "a 0 2000000000 0", "a 1 2000000000 0"]
 
@@ -39,8 +42,9 @@ class Steps(unittest.TestCase):
         first, second, third = per_step
         self.assertEqual(sum(first[0].values()), 0)
         figures, ms = second
-        self.assertAlmostEqual(figures["out_gb"], 2.0)
+        self.assertAlmostEqual(figures["out_gb"], 4.0)
         self.assertAlmostEqual(figures["back_urgent_gb"], 2.0)
+        self.assertEqual(figures["back_unmoved_gb"], 0)  # A was moved to the host first
         self.assertEqual(figures["held"], 2)
         self.assertEqual(figures["told_no"], 1)
         self.assertAlmostEqual(figures["held_ms"], 1250.0)
@@ -53,16 +57,17 @@ class Steps(unittest.TestCase):
         self.assertAlmostEqual(figures["move_ms"], 45.0)
         self.assertAlmostEqual(figures["copy_wait_ms"], 40.0)
         self.assertAlmostEqual(ms, 1.8)  # from the use at 900 us (after the peak) to 2700
-        self.assertEqual(sum(third[0].values()), 0)
+        self.assertEqual(dict(third[0]), {"back_room_gb": 1.0, "back_unmoved_gb": 1.0})
 
     def test_the_report_prints_a_line_a_step_and_says_where_there_is_nothing(self):
         out = io.StringIO()
         evictor_steps.report([line + "\n" for line in LINES], out)
         lines = out.getvalue().splitlines()
         self.assertEqual(len(lines), 3)
-        self.assertEqual(lines[1], "step 2: 2 ms; to the host 2.0 GB; back urgent 2.0 ahead 0.0 room 0.0 GB; "
+        self.assertEqual(lines[1], "step 2: 2 ms; to the host 4.0 GB; back urgent 2.0 ahead 0.0 room 0.0 GB; "
                                    "calls held 2 (1 told no) 1250 ms; unparked 2.0 GB; requests held 1 300 ms; "
                                    "1 batches: plan 120 ms, sync 30 ms, move 45 ms (copy waits 40 ms)")
+        self.assertIn("back urgent 0.0 ahead 0.0 room 1.0 GB (1.0 of it off the device since requested); ", lines[2])
         out = io.StringIO()
         evictor_steps.report([line + "\n" for line in LINES if not line.startswith("# evictor")], out)
         self.assertIn("no evictor lines", out.getvalue())
