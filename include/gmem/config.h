@@ -88,9 +88,11 @@
     "first) to keep room on the device for new requests, and come back, the last "   \
     "moved first, once room opens; a launch of a range on its way to the host keeps " \
     "it on the device, one of a range on its way back waits for it, and the job is "  \
-    "never held while the device drains. tried: the same, with place_by_use, on "     \
-    "trial for two steps once placing by use's trial has ended, and from then on "    \
-    "only if that step was at least 5% shorter than the best step without it "        \
+    "never held while the device drains. While it evicts, an allocation that lay "    \
+    "off the device since it was requested comes back too, as room opens. tried: "    \
+    "the same, with place_by_use, on trial for two steps once placing by use's "      \
+    "trial has ended and one more step has been timed as its verdict places it, "     \
+    "and from then on only if the second step was at least 5% shorter than that one " \
     "(report:1 prints the trial); 0: never. "                                         \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
