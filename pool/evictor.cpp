@@ -133,6 +133,11 @@ void Evictor::look(int device, DeviceState& state) {
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
   const std::size_t enough = wanted + high;
   const auto least = std::size_t(double(total) * settings_.least);
+  // What may go to the host once idle: on the device, large enough, and not
+  // brought back with no launch of it since.
+  auto may_go = [&](const VmmPool::Live& l) {
+    return l.spilled == 0 && l.size >= least && !state.seen[l.base].returned;
+  };
 
   // Back, the last evicted first. Once a launch has used an evicted range
   // where it lies (the program has reached it: a backward pass uses what its
@@ -196,10 +201,7 @@ void Evictor::look(int device, DeviceState& state) {
   // Off the device, the oldest idle first, until `high` is free.
   std::vector<const VmmPool::Live*> idle;
   for (const VmmPool::Live& l : lives) {
-    const Seen& s = state.seen[l.base];
-    if (l.spilled == 0 && l.size >= least && s.idle >= settings_.idle_looks && !s.returned) {
-      idle.push_back(&l);
-    }
+    if (may_go(l) && state.seen[l.base].idle >= settings_.idle_looks) idle.push_back(&l);
   }
   std::sort(idle.begin(), idle.end(), [](const auto* a, const auto* b) { return a->last_use < b->last_use; });
   std::vector<CUdeviceptr> off;
@@ -213,9 +215,7 @@ void Evictor::look(int device, DeviceState& state) {
   if (wanted) {
     // Even all it could move, once idle, would not make the room: the request spills.
     std::size_t movable = 0;
-    for (const VmmPool::Live& l : lives) {
-      movable += l.spilled == 0 && l.size >= least && !state.seen[l.base].returned ? l.size : 0;
-    }
+    for (const VmmPool::Live& l : lives) movable += may_go(l) ? l.size : 0;
     std::lock_guard lock(mutex_);
     stuck_[device] = room + movable < wanted;
   }
@@ -278,19 +278,18 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
     batch.moves.push_back(std::move(m));
     batch.records.push_back(record);
   }
+  const int64_t start = now_ns();
   auto pop = [&] {
     CUcontext popped = nullptr;
     driver_.cuCtxPopCurrent_v2(&popped);
     std::lock_guard lock(mutex_);
+    work_.plan_ns += uint64_t(start - planned_from);
     moving_ = false;
     ++ended_;
     moved_.notify_all();
   };
-  const int64_t start = now_ns();
   if (batch.moves.empty()) {
     pop();
-    std::lock_guard lock(mutex_);
-    work_.plan_ns += uint64_t(start - planned_from);
     return {};
   }
   Submissions& gate = *settings_.submissions;
@@ -344,7 +343,6 @@ std::vector<CUdeviceptr> Evictor::move(DeviceState& state, CUcontext context, co
   work_.cancelled += batch.cancelled;
   work_.unsynced += quiet && synced;
   work_.resynced += batch.resynced;
-  work_.plan_ns += uint64_t(start - planned_from);
   work_.sync_ns += uint64_t(synced_at - start);
   const uint64_t move_ns = uint64_t(end - synced_at);
   work_.move_ns += move_ns;

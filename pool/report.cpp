@@ -90,7 +90,8 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
            " evictions=" + std::to_string(w.evictions) + " prefetches=" + std::to_string(w.prefetches) +
            " cancelled=" + std::to_string(w.cancelled) + " resynced=" + std::to_string(w.resynced) +
            " unsynced=" + std::to_string(w.unsynced) +
-           " plan_us=" + std::to_string(w.plan_ns / 1000) + " sync_us=" + std::to_string(w.sync_ns / 1000) + " move_us=" + std::to_string(w.move_ns / 1000) +
+           " plan_us=" + std::to_string(w.plan_ns / 1000) + " sync_us=" + std::to_string(w.sync_ns / 1000) +
+           " move_us=" + std::to_string(w.move_ns / 1000) +
            " evict_us=" + std::to_string(w.evict_ns / 1000) + " driver_us=" + std::to_string(w.driver_ns / 1000) +
            " copy_wait_us=" + std::to_string(w.copy_wait_ns / 1000) + " waits=" + std::to_string(w.waits) +
            " wait_us=" + std::to_string(w.wait_ns / 1000) + " waits_stuck=" + std::to_string(w.waits_stuck) +

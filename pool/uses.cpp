@@ -334,8 +334,7 @@ std::string Uses::report_plan(std::size_t most) const {
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
              "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s placed_step_ms=%.1f evict_step_ms=%.1f "
-             "last_step_ms=%.1f "
-             "last_step_driver_ms=%.1f "
+             "last_step_ms=%.1f last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
              "last_step_slow_map_ms=%.1f\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
