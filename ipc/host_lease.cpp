@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -23,29 +24,30 @@ HostLease::HostLease(const vmm::Driver& driver, std::string socket, std::size_t 
     : driver_(driver), socket_path_(std::move(socket)), batch_(batch) {}
 
 HostLease::~HostLease() {
-  fds::close_all(fds_);
+  for (auto& [size, lent] : lent_) {
+    for (const Lent& l : lent) close(l.fd);
+  }
   if (socket_ >= 0) close(socket_);
 }
 
 bool HostLease::take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer) {
   std::lock_guard lock(mutex_);
   // A forked child borrows nothing: what was lent is its parent's.
-  if (off_ || (pid_ && pid_ != getpid()) || (pool_unit_ && size != pool_unit_)) return false;
-  if (!fds_.empty() && !(fds_where_ == where)) return false;
-  if (fds_.empty() && !ask(where, size)) return false;
-  const int fd = fds_.back();
-  const uint32_t unit = fd_units_.back();
-  fds_.pop_back();
-  fd_units_.pop_back();
-  const CUresult status = vmm::Chunk::import(driver_, fd, size, out, where, observer);
-  close(fd);
+  if (off_ || (pid_ && pid_ != getpid()) || refused_.contains(size)) return false;
+  if (!(fds_where_ == where) && holding_unimported()) return false;
+  std::vector<Lent>& lent = lent_[size];
+  if (lent.empty() && !ask(where, size)) return false;
+  const Lent l = lent.back();
+  lent.pop_back();
+  const CUresult status = vmm::Chunk::import(driver_, l.fd, size, out, where, observer);
+  close(l.fd);
   if (status != CUDA_SUCCESS) {
     log_message(LogLevel::warn, "host pool: importing a unit gmemd lent failed (%d); this job pins its own host memory",
                 static_cast<int>(status));
     off_ = true;
     return false;
   }
-  imported_[out->handle()] = unit;
+  imported_[out->handle()] = l.unit;
   borrowed_.fetch_add(size, std::memory_order_relaxed);
   units_.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -85,7 +87,7 @@ bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::
   if (!fds::send(socket_, &r, sizeof r, {}) || !fds::receive(socket_, g, sizeof *g, fds, lease_reply_timeout_ms) ||
       g->magic != host_pool::magic || g->version != host_pool::version || fds->size() != g->count) {
     fds::close_all(*fds);
-    if (!imported_.empty() || !fds_.empty()) {
+    if (!imported_.empty() || holding_unimported()) {
       // gmemd is slow or answered nonsense while this job holds units it
       // lent (mapped, or lent and not yet imported): closing would hand them
       // to other jobs, which would then share their memory with this one.
@@ -115,9 +117,13 @@ std::size_t HostLease::lendable(std::size_t size) {
   return exchange(r, &g, &none) && g.refusal == host_pool::Refusal::none ? g.free : 0;
 }
 
+bool HostLease::holding_unimported() const {
+  return std::any_of(lent_.begin(), lent_.end(), [](const auto& entry) { return !entry.second.empty(); });
+}
+
 bool HostLease::ask(vmm::Location where, std::size_t size) {
   const auto now = std::chrono::steady_clock::now();
-  if (now < next_ask_) return false;
+  if (now < next_ask_[size]) return false;
   host_pool::Request r;
   r.kind = static_cast<uint8_t>(where.kind);
   r.location_id = where.id;
@@ -126,7 +132,7 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
   host_pool::Grant g;
   std::vector<int> received;
   if (!exchange(r, &g, &received)) {
-    next_ask_ = now + ask_again_after;
+    next_ask_[size] = now + ask_again_after;
     return false;
   }
   if (g.refusal == host_pool::Refusal::other_location) {
@@ -136,21 +142,23 @@ bool HostLease::ask(vmm::Location where, std::size_t size) {
     off_ = true;
     return false;
   }
-  // Only chunks of the pool's unit are borrowed (a spill's smaller tail is not).
   if (!pool_unit_) {
     pool_unit_ = g.unit;
     log_message(LogLevel::info,
-                "host pool on %s lends units of %llu MiB; host chunks of other sizes are pinned by this job (its "
-                "unit is host_chunk)",
+                "host pool on %s lends units of %llu MiB (and smaller chunks, if it pinned some); host chunks of "
+                "sizes it does not lend are pinned by this job (its unit is host_chunk)",
                 socket_path_.c_str(), static_cast<unsigned long long>(g.unit >> 20));
   }
-  if (g.refusal == host_pool::Refusal::other_unit) return false;
-  if (received.empty()) {
-    next_ask_ = now + ask_again_after;
+  if (g.refusal == host_pool::Refusal::other_unit) {
+    refused_.insert(size);
     return false;
   }
-  fds_ = std::move(received);
-  fd_units_.assign(g.units, g.units + fds_.size());
+  if (received.empty()) {
+    next_ask_[size] = now + ask_again_after;
+    return false;
+  }
+  std::vector<Lent>& lent = lent_[size];
+  for (std::size_t i = 0; i < received.size(); ++i) lent.push_back({received[i], g.units[i]});
   fds_where_ = where;
   return true;
 }

@@ -3,8 +3,10 @@
 // (pool::Tiers::lease_host). Connects at the first need and keeps the
 // connection for the process's life: a unit goes back to gmemd once the job
 // releases it (mapped nowhere), the rest when the connection closes, at
-// exit. Without gmemd, or when its pool has other units or none left, the
-// job pins as it would without it.
+// exit. Units of the job's host_chunk are borrowed, and smaller chunks (the
+// powers of two its tiers make for the tails of ranges) where gmemd pinned
+// some. Without gmemd, or for a size it does not pin or has none of left,
+// the job pins as it would without it.
 #pragma once
 
 #include <sys/types.h>
@@ -12,7 +14,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,14 +28,14 @@ namespace gmem::ipc {
 
 class HostLease {
  public:
-  // `batch`: units asked for at once (imported one by one as taken).
+  // `batch`: chunks of a size asked for at once (imported one by one as taken).
   HostLease(const vmm::Driver& driver, std::string socket, std::size_t batch = 16);
   ~HostLease();
   HostLease(const HostLease&) = delete;
   HostLease& operator=(const HostLease&) = delete;
 
-  // A unit of `size` bytes at `where`, imported, with `observer` told of it as
-  // of a chunk made with it; false when gmemd has none to lend.
+  // A chunk of `size` bytes at `where`, imported, with `observer` told of it
+  // as of a chunk made with it; false when gmemd has none of that size to lend.
   bool take(vmm::Location where, std::size_t size, vmm::Chunk* out, vmm::ChunkObserver* observer);
 
   // Bytes gmemd's pool could lend now in units of `size` (0 without gmemd).
@@ -47,8 +51,9 @@ class HostLease {
   std::string report() const;
 
  private:
-  // Asks gmemd for a batch (under mutex_); false when none came.
+  // Asks gmemd for a batch of `size` (under mutex_); false when none came.
   bool ask(vmm::Location where, std::size_t size);
+  bool holding_unimported() const;  // under mutex_
   // Connects if not yet connected and sends `r` (under mutex_); the answer,
   // false when none came: the connection is then closed, unless the job holds
   // units lent on it, imported or not (closing would lend them again): then off_.
@@ -61,10 +66,16 @@ class HostLease {
   int socket_ = -1;
   pid_t pid_ = 0;  // the process that connected
   bool off_ = false;           // gmemd lends elsewhere, or its answers went astray: never ask again
-  std::size_t pool_unit_ = 0;  // the size gmemd lends (0: not known yet)
-  std::chrono::steady_clock::time_point next_ask_{};
-  std::vector<int> fds_;  // lent, not yet imported: units of pool_unit_ at fds_where_
-  std::vector<uint32_t> fd_units_;  // theirs, as gmemd numbers them
+  std::size_t pool_unit_ = 0;  // gmemd's unit (0: not known yet)
+  struct Lent {
+    int fd;
+    uint32_t unit;  // as gmemd numbers it
+  };
+  // By size: the chunks lent, not yet imported (at fds_where_); the sizes
+  // gmemd refused; when a size that found none left may be asked for again.
+  std::map<std::size_t, std::vector<Lent>> lent_;
+  std::set<std::size_t> refused_;
+  std::map<std::size_t, std::chrono::steady_clock::time_point> next_ask_;
   vmm::Location fds_where_;
   std::unordered_map<CUmemGenericAllocationHandle, uint32_t> imported_;  // chunk -> its unit
   std::atomic<std::size_t> borrowed_{0}, units_{0}, returned_{0};

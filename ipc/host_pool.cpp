@@ -22,6 +22,25 @@ std::string gib(std::size_t bytes) {
   return text;
 }
 
+// What the pool pins, in order: units, with the sets of smaller chunks (one
+// of each power of two of `granularity` below the unit, the largest first)
+// spread among them, so that a job started while it pins finds both.
+std::vector<std::size_t> plan_chunks(std::size_t bytes, std::size_t unit, double small_share,
+                                     std::size_t granularity) {
+  std::vector<std::size_t> set;
+  for (std::size_t size = granularity; size < unit; size *= 2) set.insert(set.begin(), size);
+  std::size_t set_bytes = 0;
+  for (std::size_t size : set) set_bytes += size;
+  std::size_t sets = set_bytes ? static_cast<std::size_t>(static_cast<double>(bytes) * small_share) / set_bytes : 0;
+  const std::size_t units = (bytes - std::min(bytes, sets * set_bytes)) / unit;
+  std::vector<std::size_t> plan;
+  for (std::size_t i = 1, placed = 0; i <= units || placed < sets; ++i) {
+    if (i <= units) plan.push_back(unit);
+    for (; placed < sets && (i > units || placed * units < i * sets); ++placed) plan.insert(plan.end(), set.begin(), set.end());
+  }
+  return units ? plan : std::vector<std::size_t>{};
+}
+
 }  // namespace
 
 std::unique_ptr<Server> Server::start(const vmm::Driver& driver, Settings settings, std::string* problem) {
@@ -38,23 +57,40 @@ std::unique_ptr<Server> Server::start(const vmm::Driver& driver, Settings settin
                std::to_string(granularity) + " bytes)";
     return nullptr;
   }
-  settings.bytes -= settings.bytes % settings.unit;
-  if (settings.bytes == 0) {
+  std::vector<std::size_t> plan = plan_chunks(settings.bytes, settings.unit, settings.small_share, granularity);
+  if (plan.empty()) {
     *problem = "the pool must hold at least one unit (" + std::to_string(settings.unit) + " bytes)";
     return nullptr;
   }
+  settings.bytes = 0;
+  for (std::size_t size : plan) settings.bytes += size;
   settings.threads = std::max(1u, settings.threads);
   int listen_fd = fds::listen_at(settings.socket, "host pool", problem);
   if (listen_fd < 0) return nullptr;
-  return std::unique_ptr<Server>(new Server(driver, std::move(settings), where, listen_fd, eventfd(0, EFD_CLOEXEC)));
+  return std::unique_ptr<Server>(
+      new Server(driver, std::move(settings), where, std::move(plan), listen_fd, eventfd(0, EFD_CLOEXEC)));
 }
 
-Server::Server(const vmm::Driver& driver, Settings settings, vmm::Location where, int listen_fd, int stop_fd)
-    : driver_(driver), settings_(std::move(settings)), where_(where), listen_(listen_fd), stop_(stop_fd) {
+Server::Server(const vmm::Driver& driver, Settings settings, vmm::Location where, std::vector<std::size_t> plan,
+               int listen_fd, int stop_fd)
+    : driver_(driver),
+      settings_(std::move(settings)),
+      where_(where),
+      plan_(std::move(plan)),
+      listen_(listen_fd),
+      stop_(stop_fd) {
+  for (std::size_t size : plan_) free_[size];  // the sizes it lends
   if (settings_.say) {
+    const std::size_t small = settings_.bytes - settings_.unit * std::count(plan_.begin(), plan_.end(), settings_.unit);
+    std::string sets;
+    if (free_.size() > 1) {
+      sets = " (" + gib(small) + " of it in sets of smaller chunks, " + std::to_string(free_.begin()->first >> 20) +
+             " to " + std::to_string(std::prev(free_.end(), 2)->first >> 20) + " MiB)";
+    }
     settings_.say("host pool: pinning " + gib(settings_.bytes) + " in units of " + std::to_string(settings_.unit >> 20) +
-                  " MiB on " + (where_.kind == vmm::Location::Kind::host_numa ? "NUMA node " + std::to_string(where_.id)
-                                                                               : std::string("the host")) +
+                  " MiB" + sets + " on " +
+                  (where_.kind == vmm::Location::Kind::host_numa ? "NUMA node " + std::to_string(where_.id)
+                                                                 : std::string("the host")) +
                   " with " + std::to_string(settings_.threads) + " threads; lending on " + settings_.socket);
   }
   for (unsigned t = 0; t < settings_.threads; ++t) pinners_.emplace_back([this] { pin(); });
@@ -79,39 +115,46 @@ Server::~Server() {
 void Server::pin() {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
+    std::size_t size = 0;
     {
       std::lock_guard lock(mutex_);
-      if (stopping_ || failed_ || claimed_ + settings_.unit > settings_.bytes) return;
-      claimed_ += settings_.unit;
+      if (stopping_ || failed_ || claimed_ == plan_.size()) return;
+      size = plan_[claimed_++];
     }
-    vmm::Chunk unit;
-    const CUresult status = vmm::Chunk::create(driver_, where_, settings_.unit, &unit);
+    vmm::Chunk chunk;
+    const CUresult status = vmm::Chunk::create(driver_, where_, size, &chunk);
     std::lock_guard lock(mutex_);
     if (status != CUDA_SUCCESS) {
-      claimed_ -= settings_.unit;
       if (!failed_ && settings_.say) {
         const char* name = nullptr;
         if (driver_.cuGetErrorName) driver_.cuGetErrorName(status, &name);
-        settings_.say("host pool: pinning stopped at " + gib(units_.size() * settings_.unit) + ": cuMemCreate failed (" +
+        settings_.say("host pool: pinning stopped at " + gib(pinned_) + ": cuMemCreate failed (" +
                       (name ? name : std::to_string(status)) + ")");
       }
       failed_ = true;
       return;
     }
-    free_.push_back(units_.size());
-    units_.push_back(std::move(unit));
-    if (units_.size() * settings_.unit == settings_.bytes && settings_.say) {
+    free_[size].push_back(units_.size());
+    units_.push_back(std::move(chunk));
+    pinned_ += size;
+    if (pinned_ == settings_.bytes && settings_.say) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       settings_.say("host pool: " + gib(settings_.bytes) + " pinned in " + std::to_string(seconds) + " s");
     }
   }
 }
 
+std::size_t Server::free_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& [size, free] : free_) bytes += size * free.size();
+  return bytes;
+}
+
 Server::Figures Server::figures() const {
   std::lock_guard lock(mutex_);
   Figures f;
-  f.pinned = units_.size() * settings_.unit;
-  f.lent = f.pinned - free_.size() * settings_.unit;
+  f.pinned = pinned_;
+  f.lent = pinned_ - free_bytes();
   for (const auto& [fd, units] : lent_) f.borrowers += units.empty() ? 0 : 1;
   return f;
 }
@@ -163,7 +206,7 @@ bool Server::answer(int fd, const Request& r) {
       auto it = std::find(held.begin(), held.end(), std::size_t{r.units[i]});
       if (it == held.end()) continue;  // not lent to this job: nothing to give back
       held.erase(it);
-      free_.push_back(r.units[i]);
+      free_[units_[r.units[i]].size()].push_back(r.units[i]);
     }
     return true;
   }
@@ -174,25 +217,27 @@ bool Server::answer(int fd, const Request& r) {
   {
     std::lock_guard lock(mutex_);
     std::vector<std::size_t>& held = lent_[fd];
-    if (r.unit != settings_.unit) {
+    auto free = free_.find(r.unit);
+    if (free == free_.end()) {
       g.refusal = Refusal::other_unit;
     } else if (r.count == 0) {
       // How much is free, only.
     } else if (r.kind != static_cast<uint8_t>(where_.kind) || r.location_id != where_.id) {
       g.refusal = Refusal::other_location;
     } else {
-      // The oldest units first: the lent ones return at the back.
-      const std::size_t n = std::min<std::size_t>({r.count, free_.size(), fds::max_per_message});
+      // The oldest first: the lent ones return at the back.
+      std::deque<std::size_t>& chunks = free->second;
+      const std::size_t n = std::min<std::size_t>({r.count, chunks.size(), fds::max_per_message});
       for (std::size_t i = 0; i < n; ++i) {
         int unit_fd = -1;
-        if (units_[free_.front()].export_fd(&unit_fd) != CUDA_SUCCESS) break;
-        g.units[exported.size()] = static_cast<uint32_t>(free_.front());
+        if (units_[chunks.front()].export_fd(&unit_fd) != CUDA_SUCCESS) break;
+        g.units[exported.size()] = static_cast<uint32_t>(chunks.front());
         exported.push_back(unit_fd);
-        held.push_back(free_.front());
-        free_.erase(free_.begin());
+        held.push_back(chunks.front());
+        chunks.pop_front();
       }
     }
-    if (g.refusal == Refusal::none) g.free = free_.size() * settings_.unit;
+    if (g.refusal == Refusal::none) g.free = free_bytes();
   }
   g.count = static_cast<uint32_t>(exported.size());
   const bool sent = fds::send(fd, &g, sizeof g, exported);
@@ -204,7 +249,7 @@ void Server::drop(int fd) {
   std::lock_guard lock(mutex_);
   auto it = lent_.find(fd);
   if (it == lent_.end()) return;
-  free_.insert(free_.end(), it->second.begin(), it->second.end());
+  for (std::size_t unit : it->second) free_[units_[unit].size()].push_back(unit);
   lent_.erase(it);
   close(fd);
 }

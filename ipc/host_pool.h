@@ -1,13 +1,17 @@
-// Host memory pinned ahead of any job: gmemd --host-pool pins host chunks of
-// one unit size once, and lends them to jobs under gmem as POSIX fds over a
-// unix socket. Pinning costs seconds per tens of GB (docs/results.md, "Pinning
+// Host memory pinned ahead of any job: gmemd --host-pool pins host chunks
+// once, and lends them to jobs under gmem as POSIX fds over a unix socket.
+// Most are of one unit size; a share is pinned in sets of smaller chunks, one
+// of each power of two of the host's granularity below the unit, for the
+// tails of spilled ranges that whole units do not cover (a tensor of 1200 MiB
+// moved to the host is four 256 MiB units and 128, 32 and 16 MiB). Pinning costs seconds per tens of GB (docs/results.md, "Pinning
 // speed"); a job that imports chunks already pinned takes them at about 90
 // GB/s, so its first spilled step no longer pays for pinning.
 //
-// A job asks for units of its own host_chunk size at its device's host
-// location (SOCK_SEQPACKET, fixed-size messages); the pool answers with as
-// many as it has free, up to what was asked (at most fds::max_per_message),
-// and how much it has left. Asking for none asks only how much is free (the
+// A job asks for chunks of one size (its host_chunk, or a smaller power of
+// two) at its device's host location (SOCK_SEQPACKET, fixed-size messages);
+// the pool answers with as many of that size as it has free, up to what was
+// asked (at most fds::max_per_message), and how many bytes it has left in
+// all; a size it pins none of is refused. Asking for none asks only how much is free (the
 // location is not looked at): a job counts that as host memory available.
 // What a job was lent stays its own until it gives it back (once it no longer
 // maps it) or its connection closes (at its exit, whatever the cause), then
@@ -33,7 +37,7 @@
 namespace gmem::ipc::host_pool {
 
 constexpr uint32_t magic = 0x50484447;  // "GDHP"
-constexpr uint16_t version = 2;
+constexpr uint16_t version = 3;
 
 // What a job asks.
 enum class Op : uint8_t {
@@ -48,13 +52,13 @@ struct Request {
   Op op = Op::lend;
   int32_t location_id = 0;  // its NUMA node
   uint32_t count = 0;       // units wanted, or given back
-  uint64_t unit = 0;        // bytes per unit (the job's host_chunk)
+  uint64_t unit = 0;        // bytes per chunk: the pool's unit or a smaller size it pins
   uint32_t units[fds::max_per_message] = {};  // given back: the units, as lent
 };
 
 enum class Refusal : uint16_t {
   none = 0,
-  other_unit = 1,      // the pool's units are `unit` bytes
+  other_unit = 1,      // the pool pins no chunks of that size (its unit is `unit` bytes)
   other_location = 2,  // the pool pins elsewhere (another NUMA node)
 };
 
@@ -78,15 +82,17 @@ class Server {
  public:
   struct Settings {
     std::string socket;
-    std::size_t bytes = 0;                 // pinned in all, in whole units
+    std::size_t bytes = 0;                 // pinned in all (at most), in units and sets
     std::size_t unit = std::size_t{256} << 20;
+    // Of `bytes`, what is pinned in sets of smaller chunks (whole sets only).
+    double small_share = 0.1;
     unsigned threads = 2;                  // pinning at once (two pin about 1.5x as fast as one)
     int device = 0;                        // whose host NUMA node holds the memory
     std::function<void(const std::string&)> say;  // progress and failures, a line each
   };
   // Listens and starts pinning; nullptr with `problem` set when it cannot
   // (no host location for the device, a unit not of the host's granularity,
-  // the socket). `driver` must outlive the server, cuInit done.
+  // too few bytes for one unit, the socket). `driver` must outlive the server, cuInit done.
   static std::unique_ptr<Server> start(const vmm::Driver& driver, Settings settings, std::string* problem);
   ~Server();  // stops; units still lent live on in the jobs that imported them
   Server(const Server&) = delete;
@@ -99,8 +105,10 @@ class Server {
   Figures figures() const;
 
  private:
-  Server(const vmm::Driver& driver, Settings settings, vmm::Location where, int listen_fd, int stop_fd);
+  Server(const vmm::Driver& driver, Settings settings, vmm::Location where, std::vector<std::size_t> plan,
+         int listen_fd, int stop_fd);
   void pin();
+  std::size_t free_bytes() const;  // under mutex_
   void serve();
   void accept_one();
   // False: drop the connection.
@@ -110,12 +118,14 @@ class Server {
   const vmm::Driver& driver_;
   const Settings settings_;
   const vmm::Location where_;
+  const std::vector<std::size_t> plan_;      // the sizes pinned, in order
   const int listen_, stop_;
   mutable std::mutex mutex_;
-  std::deque<vmm::Chunk> units_;             // every unit pinned (stable addresses)
-  std::vector<std::size_t> free_;            // indexes into units_ not lent
+  std::deque<vmm::Chunk> units_;             // every chunk pinned (stable addresses), numbered as lent
+  std::map<std::size_t, std::deque<std::size_t>> free_;  // size -> indexes into units_ not lent, oldest first
   std::map<int, std::vector<std::size_t>> lent_;  // connection -> units it holds
-  std::size_t claimed_ = 0;                  // bytes pinned or being pinned
+  std::size_t claimed_ = 0;                  // of plan_, the chunks pinned or being pinned
+  std::size_t pinned_ = 0;                   // bytes
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pinners_;
   std::thread server_;

@@ -82,6 +82,12 @@ int main(int argc, char** argv) {
   app.add_option("--host-pool-unit", pool.unit, "the size of each unit lent; a job borrows only units of its host_chunk")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  app.add_option("--host-pool-small", pool.small_share,
+                 "share of the pool pinned in sets of chunks smaller than the unit (one of each power of two of the "
+                 "host's granularity below it), lent for the tails of spilled tensors that whole units do not cover; "
+                 "0: units only")
+      ->check(CLI::Range(0.0, 0.5))
+      ->capture_default_str();
   app.add_option("--host-pool-socket", pool.socket, "lend on this unix socket (GMEM_CONF host_pool_socket)")
       ->capture_default_str();
   app.add_option("--host-pool-threads", pool.threads, "threads pinning at once")

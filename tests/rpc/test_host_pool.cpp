@@ -33,10 +33,12 @@ class HostPool : public Gmemd {
     }
     Gmemd::TearDown();
   }
-  // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in units of `unit_size`.
-  void start_pool(const std::string& bytes, const std::string& unit_size = "16M") {
+  // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in
+  // units of `unit_size`, `small` of it in sets of smaller chunks.
+  void start_pool(const std::string& bytes, const std::string& unit_size = "16M", const std::string& small = "0.1") {
     pool_ = start_daemon(root_ + "/gmemd-pool.sock", stats_, pool_log_,
-                         {"--host-pool", bytes, "--host-pool-unit", unit_size, "--host-pool-socket", pool_socket_},
+                         {"--host-pool", bytes, "--host-pool-unit", unit_size, "--host-pool-small", small,
+                          "--host-pool-socket", pool_socket_},
                          {"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH});
     ASSERT_TRUE(eventually([&] { return slurp(pool_log_).find(" pinned in ") != std::string::npos; }))
         << slurp(pool_log_);
@@ -99,6 +101,40 @@ TEST_F(HostPool, LendsEachUnitToOneConnectionUntilItCloses) {
   close(a);
   EXPECT_TRUE(eventually([&] { return ask(b, 1).count == 1; }));
   close(b);
+}
+
+// Sets of 8, 4 and 2 MiB (the powers of two of the emulator's 2 MiB
+// granularity below a 16 MiB unit) are lent like units, each size by itself.
+TEST_F(HostPool, LendsSetsOfSmallerChunksBesideItsUnits) {
+  start_pool("64M", "16M", "0.5");
+  EXPECT_NE(slurp(pool_log_).find("host pool: pinning 0.1 GiB in units of 16 MiB (0.0 GiB of it in sets of smaller "
+                                  "chunks, 2 to 8 MiB)"),
+            std::string::npos)
+      << slurp(pool_log_);
+  int a = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(a, 0);
+  // 64M at half in sets of 14 MiB: two sets (28 MiB), then two units (32 MiB).
+  hp::Grant units = ask(a, 16);
+  EXPECT_EQ(units.count, 2u);
+  EXPECT_EQ(units.free, 28 * mib);
+  hp::Grant eights = ask(a, 16, 8 * mib);
+  EXPECT_EQ(eights.refusal, hp::Refusal::none);
+  EXPECT_EQ(eights.count, 2u);
+  EXPECT_EQ(eights.free, 12 * mib);
+  EXPECT_EQ(ask(a, 1, 2 * mib).count, 1u);
+  // No chunks of 6 or 32 MiB: refused, naming the unit.
+  for (std::size_t size : {6 * mib, 32 * mib}) {
+    hp::Grant other = ask(a, 1, size);
+    EXPECT_EQ(other.refusal, hp::Refusal::other_unit) << size;
+    EXPECT_EQ(other.unit, unit);
+  }
+  // A smaller chunk given back is lent again as that size.
+  give_back(a, eights.units[1]);
+  hp::Grant again = ask(a, 16, 8 * mib);
+  ASSERT_EQ(again.count, 1u);
+  EXPECT_EQ(again.units[0], eights.units[1]);
+  EXPECT_EQ(again.free, 10 * mib);
+  close(a);
 }
 
 TEST_F(HostPool, AUnitGivenBackServesTheNextJobAtOnce) {
@@ -170,6 +206,20 @@ TEST_F(HostPool, ASpillSmallerThanAUnitFirstDoesNotKeepTheJobFromBorrowing) {
   EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
   EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
       << run.err;
+}
+
+// The spill's tail (6 MiB past two units) is an 8 MiB host chunk: borrowed
+// from the pool's smaller chunks too, none pinned by the job.
+TEST_F(HostPool, AJobBorrowsTheTailOfASpillFromTheSmallerChunks) {
+  start_pool("64M", "16M", "0.5");
+  Finished run = spill("16M", "46");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=41943040 units=3 returned=0\n"), std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("spilled_made=3 "), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("call=create memory=host"), std::string::npos) << "nothing pinned by the job: " << run.err;
+  EXPECT_NE(run.err.find("call=import memory=host thread=program calls=3 "), std::string::npos) << run.err;
 }
 
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {

@@ -70,6 +70,13 @@ class HostLease : public testing::Test {
     EXPECT_TRUE(gmem::fds::send(gmemd_, &g, sizeof g, fds));
     gmem::fds::close_all(fds);
   }
+  // Refuses a lend: gmemd pins no chunks of the size asked for.
+  void refuse() {
+    hp::Grant g;
+    g.refusal = hp::Refusal::other_unit;
+    g.unit = unit;
+    EXPECT_TRUE(gmem::fds::send(gmemd_, &g, sizeof g, {}));
+  }
   // Whether the job closed its connection within `ms`.
   bool closed_within(int ms) {
     pollfd p{gmemd_, POLLIN, 0};
@@ -82,6 +89,32 @@ class HostLease : public testing::Test {
   std::string dir_;
   int listener_ = -1, gmemd_ = -1;
 };
+
+// Each size is asked for by itself: one gmemd does not pin is asked for once,
+// and its refusal keeps the job from borrowing no other size, the unit or not.
+TEST_F(HostLease, ASizeGmemdRefusesIsAskedForOnceAndOthersStillAre) {
+  gmem::ipc::HostLease lease(driver_, dir_ + "/pool.sock", 1);
+  const Location node = Location::host_numa(0);
+  gmem::vmm::Chunk tail, whole;
+  std::thread job([&] { EXPECT_FALSE(lease.take(node, 3 * unit, &tail, nullptr)); });
+  EXPECT_EQ(next_request().unit, 3 * unit);
+  refuse();
+  job.join();
+  job = std::thread([&] {
+    EXPECT_FALSE(lease.take(node, 3 * unit, &tail, nullptr)) << "refused once, not asked again";
+    EXPECT_TRUE(lease.take(node, unit, &whole, nullptr));
+  });
+  EXPECT_EQ(next_request().unit, unit);
+  lend({4});
+  job.join();
+  // A size other than the unit that gmemd does pin is borrowed too.
+  gmem::vmm::Chunk smaller;
+  job = std::thread([&] { EXPECT_TRUE(lease.take(node, 2 * unit, &smaller, nullptr)); });
+  EXPECT_EQ(next_request().unit, 2 * unit);
+  lend({5});
+  job.join();
+  EXPECT_EQ(lease.borrowed_bytes(), 3 * unit);
+}
 
 TEST_F(HostLease, AJobMappingBorrowedUnitsKeepsItsConnectionWhenAnAnswerIsLate) {
   gmem::ipc::HostLease lease(driver_, dir_ + "/pool.sock", 1);
