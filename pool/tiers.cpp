@@ -149,7 +149,7 @@ CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* 
     if (size > host_room_locked() / 2) return CUDA_ERROR_OUT_OF_MEMORY;
     host_held_ += size;
   }
-  CUresult status = pin_host(where, size, out);
+  CUresult status = pin_host(where, size, 0, out);
   std::lock_guard lock(mutex_);
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;
@@ -161,8 +161,11 @@ CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* 
   return CUDA_SUCCESS;
 }
 
-CUresult Tiers::pin_host(vmm::Location where, std::size_t size, vmm::Chunk* out) {
-  if (lease_.take && lease_.take(where, size, out, this)) return CUDA_SUCCESS;
+CUresult Tiers::pin_host(vmm::Location where, std::size_t size, std::size_t smallest, vmm::Chunk* out) {
+  for (std::size_t borrowed = size; lease_.take; borrowed /= 2) {
+    if (lease_.take(where, borrowed, out, this)) return CUDA_SUCCESS;
+    if (!smallest || borrowed / 2 < smallest || (borrowed / 2) % smallest) break;
+  }
   return vmm::Chunk::create(driver_, where, size, out, this);
 }
 
@@ -328,13 +331,17 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool 
   size = std::min(size, round_down(host_room_locked(), granularity));
   if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   host_held_ += size;
+  // Below the unit (a range's tail), a smaller chunk borrowed beats one of
+  // the size pinned: the caller asks again for the rest.
+  const std::size_t smallest = size < host_chunk_locked(device, SIZE_MAX) ? granularity : 0;
   lock.unlock();
-  CUresult status = pin_host(where, size, out);
+  CUresult status = pin_host(where, size, smallest, out);
   lock.lock();
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;
     return status;
   }
+  host_held_ -= size - out->size();
   hold(*out, device, true);
   return CUDA_SUCCESS;
 }

@@ -153,8 +153,10 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_chunk_locked(int device, std::size_t want);
   // The preparer's work: one host chunk, counted in the host budget, held for no device yet.
   CUresult prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
-  // A host chunk, borrowed or pinned (no lock held: it is slow).
-  CUresult pin_host(vmm::Location where, std::size_t size, vmm::Chunk* out);
+  // A host chunk of `size`, borrowed or pinned (no lock held: it is slow);
+  // with `smallest`, a smaller one borrowed (halves, down to `smallest`)
+  // before one is pinned.
+  CUresult pin_host(vmm::Location where, std::size_t size, std::size_t smallest, vmm::Chunk* out);
   void placed(CUdeviceptr at, bool host, int64_t delta);  // under mutex_
   // Records a chunk made for `device`.
   void hold(const vmm::Chunk& chunk, int device, bool host);

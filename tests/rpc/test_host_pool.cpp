@@ -222,6 +222,22 @@ TEST_F(HostPool, AJobBorrowsTheTailOfASpillFromTheSmallerChunks) {
   EXPECT_NE(run.err.find("call=import memory=host thread=program calls=3 "), std::string::npos) << run.err;
 }
 
+// With no 8 MiB chunk left (another job holds both), the tail's 6 MiB are a
+// 4 and a 2 MiB chunk borrowed rather than an 8 MiB one pinned.
+TEST_F(HostPool, ATailWhoseSizeIsAllLentBorrowsSmallerChunks) {
+  start_pool("64M", "16M", "0.5");
+  int other = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(ask(other, 16, 8 * mib).count, 2u);
+  Finished run = spill("16M", "46");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=39845888 units=4 returned=0\n"), std::string::npos)
+      << run.err;
+  EXPECT_EQ(run.err.find("call=create memory=host"), std::string::npos) << "nothing pinned by the job: " << run.err;
+  close(other);
+}
+
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
   start_pool("32M");
   Finished run = spill("8M");
