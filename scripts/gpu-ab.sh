@@ -17,8 +17,8 @@
 #     --steps 10 --conf host_budget:85%,trace:$OUT/gcn-%p.trace
 # On one H200 (128 GiB of host memory) a job at twice the H200 does not fit
 # its host: cap the device instead, as docs/results.md's thirtieth session did
-# (the LM at 300 is 2.26x a 58 GB budget):
-#   bash scripts/gpu-ab.sh --host-pool 80G lm base --job lm --sizes 300 --reference 176 \
+# (the LM at 300 is 2.26x a 58 GB budget; 92G holds all it parks):
+#   bash scripts/gpu-ab.sh --host-pool 92G lm base --job lm --sizes 300 --reference 176 \
 #     --steps 8 --conf host_budget:85%,report:1,device_budget:58G
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

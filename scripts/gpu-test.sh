@@ -583,13 +583,15 @@ spill_uses() {
 # cuGetProcAddress answered the gated trampolines: docs/eviction.md). The
 # parked run's trace says what the evictor did, step by step. An H200's host
 # cannot hold the LM at twice the H200: there the device is capped at 58 GB and
-# the LM runs at 300, 2.26x that (docs/results.md, thirtieth session).
+# the LM runs at 300, 2.26x that (docs/results.md, thirtieth session), with
+# gmemd's pool at 92G: its first step parks 88.7 GB, tails included
+# (thirty-second session).
 spill_park_lm() {
   local dir=$out/spill-park-lm pool conf rc=0 size=400 budget="" gpu_mib trace
   mkdir -p "$dir"
   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
   [ "${gpu_mib:-0}" -gt 100000 ] && size=300 budget=,device_budget:58G
-  host_pool "$dir" "$([ -n "$budget" ] && echo 80G || echo 100G)"
+  host_pool "$dir" "$([ -n "$budget" ] && echo 92G || echo 100G)"
   for conf in default:host_budget:85%$budget \
     park:host_budget:85%$budget,evict:1,place_by_use:0,evict_park:1,trace:$dir/park-%p.trace; do
     python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size "$size" --steps 3 --timeout 200 \
