@@ -121,6 +121,9 @@ class Pool {
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
     if (evictor_) uses_.set_evict(evict, [this](int device) { vmm_->placement_changed(device); });
+    uses_.tell_steps([this](const std::string& what) {
+      if (trace_) trace_->place(what);
+    });
     if (access_) {
       vmm_->track_access(access_.get(), track_from);
       tiers_->track_access(access_.get());

@@ -138,6 +138,13 @@ void TraceRecorder::evictor(CUdeviceptr base, const std::string& what) {
   std::fflush(out_);
 }
 
+void TraceRecorder::place(const std::string& what) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_) return;
+  std::fprintf(out_, "# place %lld %s\n", static_cast<long long>((now_ns() - opened_ns_) / 1000), what.c_str());
+  std::fflush(out_);
+}
+
 void TraceRecorder::freed(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = ids_.find(base);

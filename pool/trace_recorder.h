@@ -67,6 +67,9 @@ class TraceRecorder {
   // none, as for a request not yet served): a comment line, timed as uses
   // are, `# evictor TIME_US ID|- WHAT`, for a study of its moves.
   void evictor(CUdeviceptr base, const std::string& what);
+  // A step the placement's trials timed (Uses::tell_steps): a comment line,
+  // timed as uses are, `# place TIME_US WHAT`.
+  void place(const std::string& what);
   // The pool counts launches from the allocation written next on (all of its
   // life is counted, pool/uses.h): a comment line, written once, from which
   // a replay starts counting (pool-policy; without it, from the start).

@@ -17,7 +17,16 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
+constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped", "peer"};
+constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
+
 }  // namespace
+
+const char* Uses::bring_in_name(const Device& d) const { return bring_in_ ? bring_ins[int(d.bring_in)] : "off"; }
+
+const char* Uses::evict_name(const Device& d) const {
+  return evict_ == Evict::always ? "always" : evict_ == Evict::tried ? bring_ins[int(d.evict)] : "off";
+}
 
 AccessRecord* Uses::record(CUdeviceptr base, std::size_t size) const {
   if (!table_ || size < min_size) return nullptr;
@@ -152,6 +161,12 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
     case EvictTrial::kept:
     case EvictTrial::dropped:
       break;
+  }
+  if (told_) {
+    char line[128];
+    snprintf(line, sizeof line, "step %d %.1f trial=%s bring_in=%s evict=%s", device, double(step) / 1e6,
+             trials[int(d.trial)], bring_in_name(d), evict_name(d));
+    told_(line);
   }
 }
 
@@ -329,8 +344,6 @@ std::string Uses::report_plan(std::size_t most) const {
   std::string out;
   char buf[512];
   for (const auto& [device, d] : devices_) {
-    static constexpr const char* trials[] = {"ordered", "planned", "kept", "dropped", "peer"};
-    static constexpr const char* bring_ins[] = {"untried", "trying", "kept", "dropped"};
     snprintf(buf, sizeof buf,
              "gmem: report place device=%d peak_used=%zu lacked=%zu trial=%s ordered_step_ms=%.1f "
              "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s placed_step_ms=%.1f evict_step_ms=%.1f "
@@ -338,10 +351,7 @@ std::string Uses::report_plan(std::size_t most) const {
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
              "last_step_slow_map_ms=%.1f\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
-             double(d.planned_ns) / 1e6, bring_in_ ? bring_ins[int(d.bring_in)] : "off", double(d.bring_in_ns) / 1e6,
-             evict_ == Evict::always  ? "always"
-             : evict_ == Evict::tried ? bring_ins[int(d.evict)]
-                                      : "off",
+             double(d.planned_ns) / 1e6, bring_in_name(d), double(d.bring_in_ns) / 1e6, evict_name(d),
              double(d.placed_ns) / 1e6, double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),

@@ -108,6 +108,10 @@ class Uses {
     evict_ = mode == Evict::tried && !place_ ? Evict::off : mode;
     evict_switched_ = std::move(switched);
   }
+  // Told, at each step a device's trials time, "step DEVICE STEP_MS trial=T
+  // bring_in=B evict=E" as they stand after it (for the trace: which steps
+  // each trial timed). Set once, before use.
+  void tell_steps(std::function<void(const std::string&)> told) { told_ = std::move(told); }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -216,6 +220,8 @@ class Uses {
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
     bool evicting() const { return evict == EvictTrial::trying || evict == EvictTrial::kept; }
   };
+  const char* bring_in_name(const Device& d) const;  // as the report names the states
+  const char* evict_name(const Device& d) const;
   // Whether `device` is known and in `state` now.
   bool holds(int device, bool (Device::*state)() const) const;
   // One step of `device` (`d`) reached its peak at `now_ns`, the pool's work
@@ -241,6 +247,7 @@ class Uses {
   bool bring_in_ = false;
   Evict evict_ = Evict::off;
   std::function<void(int)> evict_switched_;
+  std::function<void(const std::string&)> told_;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

@@ -16,7 +16,9 @@ so unparked, and
 the requests held for room on the device; where the trace has them (from the
 thirty-first session), what the evictor's batches spent their time on:
 choosing and making the chunks their ranges go to, waiting for the device,
-and moving (of which waiting for the copies). The thirtieth session's study
+and moving (of which waiting for the copies); and (from the thirty-second)
+the steps the pool's placement trials timed, with where each trial stood
+after each (`# place` lines). The thirtieth session's study
 of the parked LM (docs/results.md) read these figures off its traces.
 
     python3 tests/traces/evictor_steps.py TRACE
@@ -32,6 +34,7 @@ import copy_floor  # noqa: E402
 import gmem_trace  # noqa: E402
 
 EVICTOR = "# evictor "
+PLACE = "# place "
 
 
 def scan(lines):
@@ -52,6 +55,10 @@ def scan(lines):
                 evicted.discard(int(fields[1]))
         elif fields and fields[0] == "u":
             clock.append((seen, int(fields[1])))
+        elif line.startswith(PLACE):
+            t, *what = line[len(PLACE):].split()
+            moves.append((seen, int(t), 0, ["place"] + what, False))
+            clock.append((seen, int(t)))
         elif line.startswith(EVICTOR):
             t, ident, *what = line[len(EVICTOR):].split()
             named = None if ident == "-" else int(ident)
@@ -66,16 +73,21 @@ def scan(lines):
 
 
 def steps(events, moves, clock):
-    """Per whole step: a Counter of its figures (bytes, counts, ms) and its time in ms."""
+    """Per whole step: a Counter of its figures (bytes, counts, ms), its time
+    in ms, and the steps the pool's trials timed in it (`# place` lines: "step
+    DEVICE MS STATES...", as (MS, STATES))."""
     starts = copy_floor.steps_of(events)
     out = []
     for begin, end in zip(starts, starts[1:]):
         figures = collections.Counter()
+        timed = []
         for at, _, named, what, unmoved in moves:
             if not begin <= at < end:
                 continue
             kind = what[0]
-            if kind == "to-host":
+            if kind == "place":
+                timed.append((float(what[3]), " ".join(what[4:])))
+            elif kind == "to-host":
                 figures["out_gb"] += int(what[1]) / 1e9
             elif kind == "to-device":
                 figures[f"back_{what[2]}_gb"] += int(what[1]) / 1e9
@@ -95,24 +107,26 @@ def steps(events, moves, clock):
                     figures[name] += int(us) / 1e3
         times = [t for at, t in clock if begin <= at < end]
         ms = (max(times) - min(times)) / 1e3 if times else 0.0
-        out.append((figures, ms))
+        out.append((figures, ms, timed))
     return out
 
 
 def report(lines, out=sys.stdout):
     events, moves, clock = scan(lines)
     if not moves:
-        print("evictor_steps: no evictor lines (recorded without evict:1, or before gmem wrote them)", file=out)
+        print("evictor_steps: no evictor or place lines (recorded without evict:1 or place_by_use, or before gmem wrote "
+              "them)", file=out)
         return []
     per_step = steps(events, moves, clock)
-    for i, (f, ms) in enumerate(per_step):
+    for i, (f, ms, timed) in enumerate(per_step):
         back = " ".join(f"{why} {f[f'back_{why}_gb']:.1f}" for why in ("urgent", "ahead", "room"))
         unmoved = f" ({f['back_unmoved_gb']:.1f} of it off the device since requested)" if f["back_unmoved_gb"] else ""
         print(f"step {i + 1}: {ms:.0f} ms; to the host {f['out_gb']:.1f} GB; back {back} GB{unmoved}; "
               f"calls held {f['held']} ({f['told_no']} told no) {f['held_ms']:.0f} ms; "
               f"unparked {f['unparked_gb']:.1f} GB; requests held {f['waits']} {f['wait_ms']:.0f} ms" +
               (f"; {f['batches']} batches: plan {f['plan_ms']:.0f} ms, sync {f['sync_ms']:.0f} ms, "
-               f"move {f['move_ms']:.0f} ms (copy waits {f['copy_wait_ms']:.0f} ms)" if f["batches"] else ""),
+               f"move {f['move_ms']:.0f} ms (copy waits {f['copy_wait_ms']:.0f} ms)" if f["batches"] else "") +
+              "".join(f"; the pool timed a step of {step_ms:.0f} ms ({states})" for step_ms, states in timed),
               file=out)
     return per_step
 

@@ -31,6 +31,7 @@ LINES = [gmem_trace.HEADER,
          "a 0 2000000000 0", "a 1 2000000000 0",
          "u 3000 0 1",
          "# evictor 3100 1 to-device 1000000000 room",
+         "# place 3200 step 0 2300.0 trial=kept bring_in=off evict=trying",
          "f 0", "f 1",
          "a 0 2000000000 0", "a 1 2000000000 0"]
 
@@ -41,7 +42,8 @@ class Steps(unittest.TestCase):
         self.assertEqual(len(per_step), 3)
         first, second, third = per_step
         self.assertEqual(sum(first[0].values()), 0)
-        figures, ms = second
+        figures, ms, timed = second
+        self.assertEqual(timed, [])
         self.assertAlmostEqual(figures["out_gb"], 4.0)
         self.assertAlmostEqual(figures["back_urgent_gb"], 2.0)
         self.assertEqual(figures["back_unmoved_gb"], 0)  # A was moved to the host first
@@ -58,6 +60,7 @@ class Steps(unittest.TestCase):
         self.assertAlmostEqual(figures["copy_wait_ms"], 40.0)
         self.assertAlmostEqual(ms, 1.8)  # from the use at 900 us (after the peak) to 2700
         self.assertEqual(dict(third[0]), {"back_room_gb": 1.0, "back_unmoved_gb": 1.0})
+        self.assertEqual(third[2], [(2300.0, "trial=kept bring_in=off evict=trying")])
 
     def test_the_report_prints_a_line_a_step_and_says_where_there_is_nothing(self):
         out = io.StringIO()
@@ -68,9 +71,10 @@ class Steps(unittest.TestCase):
                                    "calls held 2 (1 told no) 1250 ms; unparked 2.0 GB; requests held 1 300 ms; "
                                    "1 batches: plan 120 ms, sync 30 ms, move 45 ms (copy waits 40 ms)")
         self.assertIn("back urgent 0.0 ahead 0.0 room 1.0 GB (1.0 of it off the device since requested); ", lines[2])
+        self.assertTrue(lines[2].endswith("; the pool timed a step of 2300 ms (trial=kept bring_in=off evict=trying)"))
         out = io.StringIO()
-        evictor_steps.report([line + "\n" for line in LINES if not line.startswith("# evictor")], out)
-        self.assertIn("no evictor lines", out.getvalue())
+        evictor_steps.report([line + "\n" for line in LINES if not line.startswith(("# evictor", "# place"))], out)
+        self.assertIn("no evictor or place lines", out.getvalue())
 
 
 if __name__ == "__main__":

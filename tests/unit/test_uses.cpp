@@ -455,5 +455,26 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_NE(always.uses().report().find(" evict=always "), std::string::npos) << always.uses().report();
 }
 
+// Each step the trials time is told (for the trace's `# place` lines), with
+// where the trials stand after it.
+TEST(Uses, EachTimedStepIsToldWithWhereTheTrialsStand) {
+  Job job(true, 64 * mib);
+  std::vector<std::string> told;
+  job.uses().set_evict(Evict::tried);
+  job.uses().tell_steps([&](const std::string& line) { told.push_back(line); });
+  for (int i = 0; i < ordered_steps; ++i) job.step(i == 2 ? 100'000'000 : 150'000'000);
+  job.step(94'000'000);
+  job.step(120'000'000);
+  job.step(110'000'000);
+  job.step();
+  job.step();
+  ASSERT_GE(told.size(), 4u);
+  const std::vector<std::string> last(told.end() - 4, told.end());
+  EXPECT_EQ(last, (std::vector<std::string>{"step 0 94.0 trial=kept bring_in=off evict=untried",
+                                            "step 0 120.0 trial=kept bring_in=off evict=trying",
+                                            "step 0 110.0 trial=kept bring_in=off evict=trying",
+                                            "step 0 100.0 trial=kept bring_in=off evict=kept"}));
+}
+
 }  // namespace
 }  // namespace gmem::pool
