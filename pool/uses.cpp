@@ -146,17 +146,21 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   }
   switch (d.evict) {
     case EvictTrial::untried:
-      // From the plan's verdict, one step placed as it says is timed first
+      // From the plan's verdict, two steps placed as it says are timed first
       // (evict_steps counts from the verdict's step).
-      if (evict_ == Evict::tried && (d.trial == Trial::kept || d.trial == Trial::dropped) && ++d.evict_steps == 2) {
-        d.placed_ns = step;
+      if (evict_ != Evict::tried || (d.trial != Trial::kept && d.trial != Trial::dropped)) break;
+      if (++d.evict_steps == 2) d.timed_ns = step;
+      if (d.evict_steps == 3) {
+        d.placed_ns = (d.timed_ns + step) / 2;
         d.evict = EvictTrial::trying;
         d.evict_steps = 0;
         if (evict_switched_) evict_switched_(device);
       }
       break;
     case EvictTrial::trying:
-      if (++d.evict_steps == 2) judge_evict(device, d, step);  // the first step that evicts settles it
+      // The first step that evicts settles it; the next two are timed.
+      if (++d.evict_steps == 2) d.timed_ns = step;
+      if (d.evict_steps == 3) judge_evict(device, d, (d.timed_ns + step) / 2);
       break;
     case EvictTrial::kept:
     case EvictTrial::dropped:

@@ -90,10 +90,10 @@
     "it on the device, one of a range on its way back waits for it, and the job is "  \
     "never held while the device drains. While it evicts, an allocation that lay "    \
     "off the device since it was requested comes back too, as room opens. tried: "    \
-    "the same, with place_by_use, on trial for two steps once placing by use's "      \
-    "trial has ended and one more step has been timed as its verdict places it, "     \
-    "and from then on only if the second step was at least 5% shorter than that one " \
-    "(report:1 prints the trial); 0: never. "                                         \
+    "the same, with place_by_use, on trial for three steps once placing by use's "    \
+    "trial has ended and two more steps have been timed as its verdict places them, " \
+    "and from then on only if the mean of its second and third steps was at least "   \
+    "5% shorter than theirs (report:1 prints the trial); 0: never. "                  \
     "Kernels that reach memory through pointers kept in device memory are not seen " \
     "(docs/eviction.md): an experiment, off by default")                             \
   X(evict_park, flag, "0",                                                           \
