@@ -33,12 +33,14 @@ std::vector<std::size_t> plan_chunks(std::size_t bytes, std::size_t unit, double
   for (std::size_t size : set) set_bytes += size;
   std::size_t sets = set_bytes ? static_cast<std::size_t>(static_cast<double>(bytes) * small_share) / set_bytes : 0;
   const std::size_t units = (bytes - std::min(bytes, sets * set_bytes)) / unit;
+  // After each unit, the sets that keep their share of what is pinned so far
+  // (all of them by the last unit); none at all without a unit.
   std::vector<std::size_t> plan;
-  for (std::size_t i = 1, placed = 0; i <= units || placed < sets; ++i) {
-    if (i <= units) plan.push_back(unit);
-    for (; placed < sets && (i > units || placed * units < i * sets); ++placed) plan.insert(plan.end(), set.begin(), set.end());
+  for (std::size_t i = 1, placed = 0; i <= units; ++i) {
+    plan.push_back(unit);
+    for (; placed * units < i * sets; ++placed) plan.insert(plan.end(), set.begin(), set.end());
   }
-  return units ? plan : std::vector<std::size_t>{};
+  return plan;
 }
 
 }  // namespace
