@@ -136,6 +136,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "gmemd: cannot serve gRPC%s\n", listen_address.empty() ? "" : (" on " + listen_address).c_str());
     return 1;
   }
+  std::unique_ptr<gmem::ipc::host_pool::Server> host_pool;
+  if (pool.bytes) {
+    pool.say = [](const std::string& line) { fprintf(stderr, "gmemd: %s\n", line.c_str()); };
+    host_pool = start_host_pool(pool, &problem);
+    if (!host_pool) {
+      fprintf(stderr, "gmemd: %s\n", problem.c_str());
+      server->Shutdown();
+      return 1;
+    }
+  }
   std::unique_ptr<MetricsServer> metrics;
   if (!metrics_address.empty()) {
     metrics = MetricsServer::bind(metrics_address, &problem);
@@ -145,7 +155,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     Viewer everyone_gmemd_sees{geteuid()};
-    metrics->start([&catalog, everyone_gmemd_sees] { return prometheus_text(catalog, everyone_gmemd_sees); });
+    metrics->start([&catalog, &host_pool, everyone_gmemd_sees] {
+      std::string text = prometheus_text(catalog, everyone_gmemd_sees);
+      if (host_pool) {
+        const gmem::ipc::host_pool::Server::Figures f = host_pool->figures();
+        text += host_pool_text(f.pinned, f.lent, f.borrowers);
+      }
+      return text;
+    });
   }
   std::unique_ptr<gmem::dedup::Broker> broker;
   if (dedup || !dedup_socket.empty()) {
@@ -157,16 +174,6 @@ int main(int argc, char** argv) {
       return 1;
     }
     broker->start();
-  }
-  std::unique_ptr<gmem::ipc::host_pool::Server> host_pool;
-  if (pool.bytes) {
-    pool.say = [](const std::string& line) { fprintf(stderr, "gmemd: %s\n", line.c_str()); };
-    host_pool = start_host_pool(pool, &problem);
-    if (!host_pool) {
-      fprintf(stderr, "gmemd: %s\n", problem.c_str());
-      server->Shutdown();
-      return 1;
-    }
   }
   listener->start(server.get());
   fprintf(stderr, "gmemd: serving unix:%s", socket_path.c_str());
@@ -185,8 +192,8 @@ int main(int argc, char** argv) {
   fprintf(stderr, "gmemd: %s, stopping\n", strsignal(signal_number));
   listener->stop();
   if (broker) broker->stop();
-  host_pool.reset();
   if (metrics) metrics->stop();
+  host_pool.reset();  // after the metrics, which read it
   // Open watch streams end with CANCELLED after a short grace period.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server->Wait();

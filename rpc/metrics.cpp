@@ -89,6 +89,17 @@ std::string prometheus_text(Catalog& catalog, const Viewer& viewer) {
   return out.str();
 }
 
+std::string host_pool_text(std::size_t pinned, std::size_t lent, std::size_t borrowers) {
+  std::ostringstream out;
+  out << "# HELP gmem_host_pool_pinned_bytes Host memory gmemd pinned to lend to jobs that spill.\n"
+      << "# TYPE gmem_host_pool_pinned_bytes gauge\ngmem_host_pool_pinned_bytes " << pinned << "\n"
+      << "# HELP gmem_host_pool_lent_bytes Of it, lent to jobs now.\n"
+      << "# TYPE gmem_host_pool_lent_bytes gauge\ngmem_host_pool_lent_bytes " << lent << "\n"
+      << "# HELP gmem_host_pool_borrowers Jobs holding chunks of it.\n"
+      << "# TYPE gmem_host_pool_borrowers gauge\ngmem_host_pool_borrowers " << borrowers << "\n";
+  return out.str();
+}
+
 bool split_host_port(const std::string& address, std::string* host, std::string* port) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) return false;

@@ -3,6 +3,7 @@
 // GET /metrics only) so that gmemd needs no web framework.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,9 @@ namespace gmem::rpc {
 
 // Prometheus exposition text (format 0.0.4) for what `viewer` sees.
 std::string prometheus_text(Catalog& catalog, const Viewer& viewer);
+// The same for gmemd's host pool (--host-pool): bytes pinned and lent, and
+// the jobs holding some.
+std::string host_pool_text(std::size_t pinned, std::size_t lent, std::size_t borrowers);
 
 class MetricsServer {
  public:

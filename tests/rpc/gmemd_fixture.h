@@ -7,12 +7,15 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "processes.h"
@@ -106,6 +109,31 @@ class Gmemd : public testing::Test {
     return p;
   }
   std::string pid_of(const Background& b) { return std::to_string(b.pid()); }
+  // GET /metrics from the gmemd whose log is `log` (it names the port): the
+  // whole reply, or a failure recorded and "".
+  static std::string scrape(const std::string& log) {
+    std::smatch port;
+    const std::string said = slurp(log);
+    if (!std::regex_search(said, port, std::regex("metrics on port (\\d+)"))) {
+      ADD_FAILURE() << "no metrics port in: " << said;
+      return "";
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(port[1])));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string reply;
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) reply.append(buffer, static_cast<size_t>(n));
+    }
+    close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << reply;
+    return reply;
+  }
 
   std::string root_, stats_, socket_, log_;
   std::unique_ptr<Background> daemon_;

@@ -374,25 +374,11 @@ TEST_F(Gmemd, ClientsOfAnotherUidSeeNothingOfOthersOrAreRefused) {
 
 TEST_F(Gmemd, MetricsServePrometheusText) {
   auto job = publish(1, 2);
-  std::smatch port;
-  std::string log = slurp(log_);
-  ASSERT_TRUE(std::regex_search(log, port, std::regex("metrics on port (\\d+)"))) << log;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(port[1])));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
-  std::string reply;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) reply.append(buffer, static_cast<size_t>(n));
-  close(fd);
-  EXPECT_EQ(reply.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << reply;
+  const std::string reply = scrape(log_);
   std::string labels = "{pid=\"" + pid_of(*job) + "\",device=\"0\",command=\"fake-publisher 1\"}";
   EXPECT_NE(reply.find("gmem_in_use_bytes" + labels + " 536870912\n"), std::string::npos) << reply;
   EXPECT_NE(reply.find("gmem_fragmentation_ratio" + labels + " 0.5\n"), std::string::npos) << reply;
+  EXPECT_EQ(reply.find("gmem_host_pool"), std::string::npos) << "no host pool, no figures of it: " << reply;
 }
 
 TEST_F(Gmemd, RunStartsADaemonWhenNoneAnswersAndReturnsTheJobsStatus) {

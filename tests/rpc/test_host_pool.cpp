@@ -134,6 +134,11 @@ TEST_F(HostPool, LendsSetsOfSmallerChunksBesideItsUnits) {
   ASSERT_EQ(again.count, 1u);
   EXPECT_EQ(again.units[0], eights.units[1]);
   EXPECT_EQ(again.free, 10 * mib);
+  // Its metrics: 60 MiB pinned, 50 lent, to one job.
+  const std::string metrics = scrape(pool_log_);
+  EXPECT_NE(metrics.find("\ngmem_host_pool_pinned_bytes 62914560\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\ngmem_host_pool_lent_bytes 52428800\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\ngmem_host_pool_borrowers 1\n"), std::string::npos) << metrics;
   close(a);
 }
 
