@@ -9,7 +9,7 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     spill-train-peer, spill-uses, spill-park-lm, torch-default-lm,
+#     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, torch-default-lm,
 #     torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
@@ -577,21 +577,28 @@ spill_uses() {
   [ -n "$pool" ] && kill "$pool"
   return "$rc"
 }
+# lm_sizing: sets the caller's `size`, `budget` (added to GMEM_CONF) and
+# `pool_size` (gmemd's host pool) for the LM at about 2.2x the device: the LM
+# at 400 on an 80 GB H100. An H200's host cannot hold the LM at twice the
+# H200: there the device is capped at 58 GB and the LM runs at 300, 2.26x that
+# (docs/results.md, thirtieth session), with gmemd's pool at 92G: its first
+# parked step parks 88.7 GB, tails included (thirty-second session).
+lm_sizing() {
+  local gpu_mib
+  size=400 budget="" pool_size=100G
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
+  if [ "${gpu_mib:-0}" -gt 100000 ]; then size=300 budget=,device_budget:58G pool_size=92G; fi
+}
 # The LM at 2.2x with the evictor parking what it moves off (evict_park:1):
 # its losses equal those placed by use. A parked range that some call reaches
 # unseen fails the run (cuBLAS's memsets through cudart did, before
 # cuGetProcAddress answered the gated trampolines: docs/eviction.md). The
-# parked run's trace says what the evictor did, step by step. An H200's host
-# cannot hold the LM at twice the H200: there the device is capped at 58 GB and
-# the LM runs at 300, 2.26x that (docs/results.md, thirtieth session), with
-# gmemd's pool at 92G: its first step parks 88.7 GB, tails included
-# (thirty-second session).
+# parked run's trace says what the evictor did, step by step.
 spill_park_lm() {
-  local dir=$out/spill-park-lm pool conf rc=0 size=400 budget="" gpu_mib trace
+  local dir=$out/spill-park-lm pool conf rc=0 size budget pool_size trace
   mkdir -p "$dir"
-  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
-  [ "${gpu_mib:-0}" -gt 100000 ] && size=300 budget=,device_budget:58G
-  host_pool "$dir" "$([ -n "$budget" ] && echo 92G || echo 100G)"
+  lm_sizing
+  host_pool "$dir" "$pool_size"
   for conf in default:host_budget:85%$budget \
     park:host_budget:85%$budget,evict:1,place_by_use:0,evict_park:1,trace:$dir/park-%p.trace; do
     python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size "$size" --steps 3 --timeout 200 \
@@ -604,12 +611,39 @@ spill_park_lm() {
   [ -n "$pool" ] && kill "$pool"
   return "$rc"
 }
-export -f host_pool spill_uses spill_park_lm  # defined after the others were exported
+# evict:tried's verdicts on the same LM: parked, eviction is kept (about 3.0 s
+# a step against 5.0 placed by use on the H200); not parked, dropped (5.5
+# against 5.0: kept when one step of each was judged). Measured at the H200's
+# sizing only (docs/results.md, thirty-second session). Each run's `report
+# place` line (its trials) and trace (`# place` lines: the steps each trial
+# timed) are kept in the step's folder.
+spill_tried_lm() {
+  local dir=$out/spill-tried-lm pool rc=0 size budget pool_size park want said
+  mkdir -p "$dir"
+  lm_sizing
+  host_pool "$dir" "$pool_size"
+  for park in 1:kept 0:dropped; do
+    want=${park#*:} park=${park%%:*}
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --sizes "$size" --warmup 1 --steps 14 \
+      --timeout 250 --conf "host_budget:85%$budget,report:1,evict:tried,evict_park:$park,trace:$dir/park$park-%p.trace" \
+      >"$dir/park$park.txt" 2>&1 || { rc=1; continue; }
+    said=$(grep -o ' evict=[a-z]* placed_step_ms=[0-9.]* evict_step_ms=[0-9.]*' "$dir/park$park.txt" | tail -1)
+    grep '^BENCH .*steady_step_ms' "$dir/park$park.txt"
+    echo "evict_park:$park:${said:- no report place line} (expected evict=$want)"
+    [[ $said == " evict=$want "* ]] || rc=1
+  done
+  [ -n "$pool" ] && kill "$pool"
+  return "$rc"
+}
+export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
 if named spill-park-lm; then
   step spill-park-lm 580 spill_park_lm
+fi
+if named spill-tried-lm; then
+  step spill-tried-lm 580 spill_tried_lm
 fi
 
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
