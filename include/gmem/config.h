@@ -52,9 +52,10 @@
     "granularity that holds it, so that a freed chunk serves later spills of any "    \
     "size (a size, or a share of host_budget)")                                       \
   X(host_pool, flag, "1",                                                            \
-    "1: host chunks of host_chunk's size are borrowed from gmemd's host pool (gmemd " \
-    "--host-pool: pinned before the job started) before any is pinned, when gmemd "  \
-    "answers on host_pool_socket; 0: the job pins all its own")                      \
+    "1: host chunks of host_chunk's size, and smaller ones where gmemd pinned "      \
+    "some, are borrowed from gmemd's host pool (gmemd --host-pool: pinned before "   \
+    "the job started) before any is pinned, when gmemd answers on "                  \
+    "host_pool_socket; 0: the job pins all its own")                                 \
   X(host_pool_socket, socket, "",                                                    \
     "gmemd's host pool socket; empty: $XDG_RUNTIME_DIR/gmem/host-pool.sock "          \
     "(/run/gmem/host-pool.sock for root, /tmp/gmem-UID/host-pool.sock without "      \
