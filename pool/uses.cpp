@@ -120,9 +120,11 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case Trial::planned:
-      if (++d.steps == 2) {  // the first step with the plan settles it
-        d.planned_ns = step;
-        d.trial = step * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
+      // The first step with the plan settles it; the next two are timed.
+      if (++d.steps == 2) d.timed_ns = step;
+      if (d.steps == 3) {
+        d.planned_ns = (d.timed_ns + step) / 2;
+        d.trial = d.planned_ns * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
       }
       break;
     case Trial::kept:

@@ -80,9 +80,9 @@
     "1: with pool:vmm and track_access, once a device spills and its steps repeat, " \
     "the large allocations alive at its peak use that kernels pass over least are "  \
     "placed off the device when requested, as much as the device lacked at the last "\
-    "peak; the plan is tried for two steps after four in the order requested and "   \
-    "kept only if its step is at least 5% shorter (report:1 prints the trial); 0: "  \
-    "the device first for every request, in the order made")                         \
+    "peak; the plan is tried for three steps after four in the order requested and " \
+    "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
+    "the trial); 0: the device first for every request, in the order made")         \
   X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \
