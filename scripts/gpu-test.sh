@@ -624,7 +624,7 @@ spill_tried_lm() {
   host_pool "$dir" "$pool_size"
   for park in 1:kept 0:dropped; do
     want=${park#*:} park=${park%%:*}
-    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --sizes "$size" --warmup 1 --steps 14 \
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --sizes "$size" --warmup 1 --steps 16 \
       --timeout 250 --conf "host_budget:85%$budget,report:1,evict:tried,evict_park:$park,trace:$dir/park$park-%p.trace" \
       >"$dir/park$park.txt" 2>&1 || { rc=1; continue; }
     said=$(grep -o ' evict=[a-z]* placed_step_ms=[0-9.]* evict_step_ms=[0-9.]*' "$dir/park$park.txt" | tail -1)
