@@ -120,10 +120,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case Trial::planned:
-      // The first step with the plan settles it; the next two are timed.
-      if (++d.steps == 2) d.timed_ns = step;
-      if (d.steps == 3) {
-        d.planned_ns = (d.timed_ns + step) / 2;
+      if (d.timed(d.steps, step, &d.planned_ns)) {
         d.trial = d.planned_ns * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
       }
       break;
@@ -151,18 +148,14 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       // From the plan's verdict, two steps placed as it says are timed first
       // (evict_steps counts from the verdict's step).
       if (evict_ != Evict::tried || (d.trial != Trial::kept && d.trial != Trial::dropped)) break;
-      if (++d.evict_steps == 2) d.timed_ns = step;
-      if (d.evict_steps == 3) {
-        d.placed_ns = (d.timed_ns + step) / 2;
+      if (d.timed(d.evict_steps, step, &d.placed_ns)) {
         d.evict = EvictTrial::trying;
         d.evict_steps = 0;
         if (evict_switched_) evict_switched_(device);
       }
       break;
     case EvictTrial::trying:
-      // The first step that evicts settles it; the next two are timed.
-      if (++d.evict_steps == 2) d.timed_ns = step;
-      if (d.evict_steps == 3) judge_evict(device, d, (d.timed_ns + step) / 2);
+      if (int64_t mean = 0; d.timed(d.evict_steps, step, &mean)) judge_evict(device, d, mean);  // the first settles it
       break;
     case EvictTrial::kept:
     case EvictTrial::dropped:

@@ -233,6 +233,15 @@ class Uses {
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
     bool evicting() const { return evict == EvictTrial::trying || evict == EvictTrial::kept; }
+    // One more step, lasting `step`, of a trial's `steps`: the first settles
+    // it, the next two are timed (in timed_ns meanwhile); true at the third,
+    // with `*mean` theirs.
+    bool timed(int& steps, int64_t step, int64_t* mean) {
+      if (++steps == 2) timed_ns = step;
+      if (steps != 3) return false;
+      *mean = (timed_ns + step) / 2;
+      return true;
+    }
   };
   const char* bring_in_name(const Device& d) const;  // as the report names the states
   const char* evict_name(const Device& d) const;

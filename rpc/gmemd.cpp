@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
                  "spill (GMEM_CONF host_pool:1, the default): their first spilled step does not wait for pinning. "
                  "Needs the CUDA driver. Off by default")
       ->transform(CLI::AsSizeValue(false));
-  app.add_option("--host-pool-unit", pool.unit, "the size of each unit lent; a job borrows only units of its host_chunk")
+  app.add_option("--host-pool-unit", pool.unit, "the size of each unit lent; a job borrows units of its host_chunk, and chunks of --host-pool-small's sizes")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--host-pool-small", pool.small_share,
