@@ -137,7 +137,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case BringInTrial::trying:
-      if (++d.bring_in_steps == 2) judge_bring_in(d, step);  // the first step that brings in settles it
+      if (int64_t mean = 0; d.timed(d.bring_in_steps, step, &mean)) judge_bring_in(d, mean);  // the first settles it
       break;
     case BringInTrial::kept:
     case BringInTrial::dropped:
@@ -177,11 +177,11 @@ void Uses::judge_evict(int device, Device& d, int64_t step) {
 
 void Uses::judge_bring_in(Device& d, int64_t step) {
   d.bring_in_ns = step;
-  // No margin, unlike the plan's: the step judged is the first after one to
-  // settle, and the steps after it shorten further (the GCN at 2.3x the
-  // H100: judged 1-4% shorter than the order requested in two runs, 8-10%
-  // in two others; its last three steps 9.2-9.8 s where dropped, 7.9-9.0 s
-  // where kept: docs/results.md).
+  // No margin, unlike the plan's: the steps judged follow one to settle, and
+  // the steps after them shorten further (the GCN at 2.3x the H100, judged on
+  // the second step alone: 1-4% shorter than the order requested in two runs,
+  // 8-10% in two others; its last three steps 9.2-9.8 s where dropped,
+  // 7.9-9.0 s where kept: docs/results.md).
   d.bring_in = step < d.ordered_ns ? BringInTrial::kept : BringInTrial::dropped;
   bool any = false;
   for (const auto& [id, other] : devices_) any |= other.bringing_in();

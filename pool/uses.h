@@ -34,8 +34,9 @@
 //
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
-// has dropped the plan: two steps with it (the first settles), kept only if
-// the second is shorter than the shortest in the order requested, or dropped
+// has dropped the plan: three steps with it (the first settles), kept only if
+// the mean of the second and third is shorter than the shortest in the order
+// requested, or dropped
 // as soon as a step with it has lasted twice that long (the LM's
 // took 31 s against 5.0, and the trial's steps cost it about 18 s in all). It
 // pays where a kernel runs over host memory far slower than the link (the
@@ -217,7 +218,7 @@ class Uses {
     int64_t planned_ns = 0;  // the mean of the second and third steps with the plan
     BringInTrial bring_in = BringInTrial::untried;
     int bring_in_steps = 0;  // timed in its trial
-    int64_t bring_in_ns = 0;  // the step that brought in
+    int64_t bring_in_ns = 0;  // the mean of the second and third steps that brought in
     EvictTrial evict = EvictTrial::untried;
     int evict_steps = 0;     // timed in its trial
     // Eviction's trial and what it is judged against: the mean of two steps
@@ -250,7 +251,7 @@ class Uses {
   // One step of `device` (`d`) reached its peak at `now_ns`, the pool's work
   // then `work`: the trials go on.
   void stepped(int device, Device& d, int64_t now_ns, const Work& work);
-  // Bringing in is kept if `step` (its trial's) is shorter than the
+  // Bringing in is kept if `step` (its trial's mean) is shorter than the
   // shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
   // Eviction is kept if `step` (its trial's) is at least 5% shorter than

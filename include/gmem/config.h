@@ -111,9 +111,9 @@
     "waits while that memory is copied onto the device, where the device has room "  \
     "for all of it (free chunks, or its budget); the program's calls pause "          \
     "meanwhile, as for migrate_after_ms. tried: with place_by_use, once its trial "    \
-    "dropped the plan, for two steps, and from then on only if that step was "        \
-    "shorter than the shortest in the order requested; always: at every such "       \
-    "launch; off: never")                                                             \
+    "dropped the plan, for three steps, and from then on only if the mean of the "    \
+    "last two was shorter than the shortest in the order requested; always: at "     \
+    "every such launch; off: never")                                                  \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
