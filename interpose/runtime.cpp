@@ -139,7 +139,8 @@ void start_host_lease(Runtime& rt) {
          return lease->take(where, size, out, observer);
        },
        [lease](std::size_t size) { return lease->lendable(size); },
-       [lease](CUmemGenericAllocationHandle handle) { lease->give_back(handle); }});
+       [lease](CUmemGenericAllocationHandle handle) { lease->give_back(handle); },
+       [lease](std::size_t size) { lease->missed(size); }});
 }
 
 // The VMM pool's requests go to an allocation trace; a file that cannot be

@@ -62,15 +62,29 @@ void HostLease::give_back(CUmemGenericAllocationHandle handle) {
   r.count = 1;
   r.units[0] = it->second;
   imported_.erase(it);
+  if (tell(r)) returned_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void HostLease::missed(std::size_t size) {
+  std::lock_guard lock(mutex_);
+  if (off_ || refused_.contains(size)) return;
+  host_pool::Request r;
+  r.op = host_pool::Op::missed;
+  r.count = 1;
+  r.unit = size;
+  tell(r);
+}
+
+bool HostLease::tell(const host_pool::Request& r) {
   // A forked child's units are its parent's; without the connection they
   // are gmemd's again already.
-  if (socket_ < 0 || pid_ != getpid()) return;
+  if (socket_ < 0 || pid_ != getpid()) return false;
   if (!fds::send(socket_, &r, sizeof r, {})) {
     close(socket_);  // what it lent is gmemd's again
     socket_ = -1;
-    return;
+    return false;
   }
-  returned_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 bool HostLease::exchange(const host_pool::Request& r, host_pool::Grant* g, std::vector<int>* fds) {

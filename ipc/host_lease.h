@@ -6,7 +6,8 @@
 // exit. Units of the job's host_chunk are borrowed, and smaller chunks (the
 // powers of two its tiers make for the tails of ranges) where gmemd pinned
 // some. Without gmemd, or for a size it does not pin or has none of left,
-// the job pins as it would without it.
+// the job pins as it would without it, and tells gmemd of a size it had none
+// of left (gmemd learns the mix of sizes its jobs need).
 #pragma once
 
 #include <sys/types.h>
@@ -45,6 +46,10 @@ class HostLease {
   // mapped nowhere: its unit goes back to gmemd for other jobs.
   void give_back(CUmemGenericAllocationHandle handle);
 
+  // The job pinned a chunk of `size` itself: gmemd had none left (it learns
+  // the mix of sizes its jobs need). Nothing is said of a size it refused.
+  void missed(std::size_t size);
+
   std::size_t borrowed_bytes() const { return borrowed_.load(std::memory_order_relaxed); }
   // "gmem: report host-pool borrowed=BYTES units=N returned=M" (units given
   // back before exit), or nothing if none was borrowed.
@@ -54,6 +59,10 @@ class HostLease {
   // Asks gmemd for a batch of `size` (under mutex_); false when none came.
   bool ask(vmm::Location where, std::size_t size);
   bool holding_unimported() const;  // under mutex_
+  // Sends `r`, which gmemd does not answer, where connected (under mutex_);
+  // false if not sent. A connection it cannot be sent on is closed (what
+  // gmemd lent on it is its own again).
+  bool tell(const host_pool::Request& r);
   // Connects if not yet connected and sends `r` (under mutex_); the answer,
   // false when none came: the connection is then closed, unless the job holds
   // units lent on it, imported or not (closing would lend them again): then off_.

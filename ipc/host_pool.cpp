@@ -104,6 +104,7 @@ Server::~Server() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
+  work_.notify_all();
   uint64_t one = 1;
   [[maybe_unused]] ssize_t w = write(stop_, &one, sizeof one);
   server_.join();
@@ -116,16 +117,22 @@ Server::~Server() {
 
 void Server::pin() {
   const auto start = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex_);
   for (;;) {
+    std::vector<vmm::Chunk> unpin;
     std::size_t size = 0;
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_ || failed_ || claimed_ == plan_.size()) return;
-      size = plan_[claimed_++];
-    }
+    bool lacked = false;
+    work_.wait(lock, [&] { return stopping_ || failed_ || (size = next_to_pin(&unpin, &lacked)) != 0; });
+    if (stopping_ || failed_) return;  // (nothing was taken for this round)
+    lock.unlock();
+    std::size_t unpinned = 0;
+    for (const vmm::Chunk& c : unpin) unpinned += c.size();
+    const std::size_t replaced = unpin.size();
+    unpin.clear();  // their bytes make the room first
     vmm::Chunk chunk;
     const CUresult status = vmm::Chunk::create(driver_, where_, size, &chunk);
-    std::lock_guard lock(mutex_);
+    lock.lock();
+    pinning_ -= size;
     if (status != CUDA_SUCCESS) {
       if (!failed_ && settings_.say) {
         const char* name = nullptr;
@@ -136,14 +143,55 @@ void Server::pin() {
       failed_ = true;
       return;
     }
-    free_[size].push_back(units_.size());
+    std::deque<std::size_t>& free = free_[size];
+    if (lacked && settings_.say) {
+      settings_.say("host pool: a chunk of " + std::to_string(size >> 20) + " MiB, which a job lacked, pinned in place of " +
+                    std::to_string(replaced) + " free (" + std::to_string(unpinned >> 20) +
+                    " MiB) of sizes no job lacked; " + std::to_string(free.size() + 1) + " of its size free now");
+    }
+    free.push_back(units_.size());
     units_.push_back(std::move(chunk));
     pinned_ += size;
-    if (pinned_ == settings_.bytes && settings_.say) {
+    if (!lacked && ++planned_ == plan_.size() && settings_.say) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      settings_.say("host pool: " + gib(settings_.bytes) + " pinned in " + std::to_string(seconds) + " s");
+      settings_.say("host pool: " + gib(pinned_) + " pinned in " + std::to_string(seconds) + " s");
     }
   }
+}
+
+std::size_t Server::next_to_pin(std::vector<vmm::Chunk>* unpin, bool* lacked) {
+  if (claimed_ < plan_.size()) {
+    *lacked = false;
+    pinning_ += plan_[claimed_];
+    return plan_[claimed_++];
+  }
+  // The largest size lacked that free chunks of sizes none lacked make room for.
+  for (auto want = lacked_.rbegin(); want != lacked_.rend(); ++want) {
+    const std::size_t size = want->first;
+    if (want->second == 0) continue;
+    const std::size_t room = settings_.bytes - std::min(settings_.bytes, pinned_ + pinning_);
+    std::size_t can = room;
+    for (const auto& [s, free] : free_) can += lacked_.contains(s) ? 0 : s * free.size();
+    if (can < size) continue;
+    // Taken from the size with the most free bytes, one chunk at a time.
+    for (std::size_t made = room; made < size;) {
+      auto most = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (lacked_.contains(it->first) || it->second.empty()) continue;
+        if (most == free_.end() || it->first * it->second.size() > most->first * most->second.size()) most = it;
+      }
+      const std::size_t index = most->second.back();
+      most->second.pop_back();
+      unpin->push_back(std::move(units_[index]));  // its slot stays empty: its number is never lent again
+      pinned_ -= most->first;
+      made += most->first;
+    }
+    --want->second;
+    *lacked = true;
+    pinning_ += size;
+    return size;
+  }
+  return 0;
 }
 
 std::size_t Server::free_bytes() const {
@@ -210,6 +258,13 @@ bool Server::answer(int fd, const Request& r) {
       held.erase(it);
       free_[units_[r.units[i]].size()].push_back(r.units[i]);
     }
+    work_.notify_all();  // room for a size lacked, maybe
+    return true;
+  }
+  if (r.op == Op::missed) {
+    std::lock_guard lock(mutex_);
+    if (free_.contains(r.unit)) lacked_[r.unit] += r.count;  // (a size it does not pin was refused)
+    work_.notify_all();
     return true;
   }
   if (r.op != Op::lend) return false;
@@ -254,6 +309,7 @@ void Server::drop(int fd) {
   for (std::size_t unit : it->second) free_[units_[unit].size()].push_back(unit);
   lent_.erase(it);
   close(fd);
+  work_.notify_all();
 }
 
 }  // namespace gmem::ipc::host_pool

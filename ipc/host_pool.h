@@ -18,9 +18,21 @@
 // serves the next job: a lent unit is never given to two connections at
 // once. Only processes of gmemd's own user are served (root's gmemd serves
 // root only): a unit holds the bytes its last job left in it.
+//
+// The pool learns the mix of sizes its jobs need. A job that pinned a chunk
+// of its own because the pool had none of that size left says so (Op::missed);
+// once all is pinned, the pool unpins free chunks of sizes no job ever lacked
+// (the size with the most free bytes first) and pins one of the size lacked
+// in their place, its bytes in all unchanged or fewer. Where those do not
+// make room yet (lent), it waits for them to come back. A size once lacked
+// is never given up: else the chunk just pinned would make room for the
+// next. (The LM at 2.26x an H200's budget parked tails of 2 to 128 MiB in
+// proportions unlike the sets', and pinned 2.2 GB of its own after its
+// first step: docs/results.md, thirty-second session.)
 #pragma once
 
 #include <cstddef>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -37,12 +49,13 @@
 namespace gmem::ipc::host_pool {
 
 constexpr uint32_t magic = 0x50484447;  // "GDHP"
-constexpr uint16_t version = 3;
+constexpr uint16_t version = 4;
 
 // What a job asks.
 enum class Op : uint8_t {
   lend = 0,       // `count` units (none: only how much is free)
   give_back = 1,  // the `count` units named in `units`, which it maps no more (not answered)
+  missed = 2,     // it pinned `count` chunks of `unit` bytes itself, the pool having none left (not answered)
 };
 
 struct Request {
@@ -109,6 +122,10 @@ class Server {
          int listen_fd, int stop_fd);
   void pin();
   std::size_t free_bytes() const;  // under mutex_
+  // Pinning's next chunk: the plan's, else one a job lacked with the free
+  // chunks it replaces taken out of free_ (and from pinned_) into `unpin`; 0
+  // if none can be pinned now. Under mutex_.
+  std::size_t next_to_pin(std::vector<vmm::Chunk>* unpin, bool* lacked);
   void serve();
   void accept_one();
   // False: drop the connection.
@@ -125,7 +142,12 @@ class Server {
   std::map<std::size_t, std::deque<std::size_t>> free_;  // size -> indexes into units_ not lent, oldest first
   std::map<int, std::vector<std::size_t>> lent_;  // connection -> units it holds
   std::size_t claimed_ = 0;                  // of plan_, the chunks pinned or being pinned
+  std::size_t planned_ = 0;                  // of plan_, the chunks pinned
   std::size_t pinned_ = 0;                   // bytes
+  std::size_t pinning_ = 0;                  // bytes being pinned
+  // Size -> chunks jobs pinned themselves, not yet replaced (a size here is never given up).
+  std::map<std::size_t, std::size_t> lacked_;
+  std::condition_variable work_;             // for the pinners: a chunk lacked, or one back
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pinners_;
   std::thread server_;

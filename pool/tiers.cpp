@@ -166,7 +166,9 @@ CUresult Tiers::pin_host(vmm::Location where, std::size_t size, std::size_t smal
     if (lease_.take(where, borrowed, out, this)) return CUDA_SUCCESS;
     if (!smallest || borrowed / 2 < smallest || (borrowed / 2) % smallest) break;
   }
-  return vmm::Chunk::create(driver_, where, size, out, this);
+  const CUresult status = vmm::Chunk::create(driver_, where, size, out, this);
+  if (status == CUDA_SUCCESS && lease_.missed) lease_.missed(size);
+  return status;
 }
 
 void Tiers::publish_prepared(int device) {

@@ -66,6 +66,14 @@ class HostPool : public Gmemd {
     r.units[0] = unit;
     EXPECT_TRUE(gmem::fds::send(socket, &r, sizeof r, {}));
   }
+  // Tells the pool on `socket` that a job pinned `count` chunks of `size` itself.
+  static void missed(int socket, std::size_t size, uint32_t count) {
+    hp::Request r;
+    r.op = hp::Op::missed;
+    r.count = count;
+    r.unit = size;
+    EXPECT_TRUE(gmem::fds::send(socket, &r, sizeof r, {}));
+  }
   // The spill program under the shim on a 96 MiB emulated device: 40 MiB
   // filled within a 48 MiB budget, then an allocation of `span` MiB of which
   // all but 8 MiB spill to the host, in host_chunk units.
@@ -240,6 +248,60 @@ TEST_F(HostPool, ATailWhoseSizeIsAllLentBorrowsSmallerChunks) {
   EXPECT_NE(run.err.find("gmem: report host-pool borrowed=39845888 units=4 returned=0\n"), std::string::npos)
       << run.err;
   EXPECT_EQ(run.err.find("call=create memory=host"), std::string::npos) << "nothing pinned by the job: " << run.err;
+  close(other);
+}
+
+// Chunks jobs had to pin themselves, the pool having none of their size
+// left, are pinned in the place of free chunks of sizes no job lacked, the
+// size with the most free bytes first; a size once lacked is never given up.
+TEST_F(HostPool, PinsTheSizesJobsLackedInPlaceOfSizesNoneLacked) {
+  start_pool("64M", "16M", "0.5");  // two units, two sets of 8, 4 and 2 MiB: 60 MiB
+  int a = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(a, 0);
+  std::vector<uint32_t> eights;
+  auto take_eights = [&] {
+    const hp::Grant g = ask(a, 16, 8 * mib);
+    eights.insert(eights.end(), g.units, g.units + g.count);
+  };
+  take_eights();
+  ASSERT_EQ(eights.size(), 2u);
+  missed(a, 8 * mib, 3);
+  ASSERT_TRUE(eventually([&] {
+    take_eights();
+    return eights.size() >= 5;
+  })) << slurp(pool_log_);
+  EXPECT_EQ(eights.size(), 5u);
+  // In place of the two units: 52 MiB pinned now.
+  EXPECT_EQ(ask(a, 16).count, 0u) << "the units were unpinned";
+  EXPECT_NE(scrape(pool_log_).find("\ngmem_host_pool_pinned_bytes 54525952\n"), std::string::npos)
+      << scrape(pool_log_);
+  EXPECT_NE(slurp(pool_log_).find("host pool: a chunk of 8 MiB, which a job lacked, pinned in place of 1 free (16 MiB) "
+                                  "of sizes no job lacked"),
+            std::string::npos)
+      << slurp(pool_log_);
+  // A unit lacked now: 24 MiB of 8 MiB chunks are free, but the 8 MiB of
+  // room left and 12 of 4 and 2 MiB chunks make it.
+  for (int i = 0; i < 3; ++i) give_back(a, eights[i]);
+  missed(a, unit, 1);
+  EXPECT_TRUE(eventually([&] { return ask(a, 1).count == 1; })) << slurp(pool_log_);
+  EXPECT_EQ(ask(a, 16, 8 * mib).count, 3u) << "a size once lacked is not given up";
+  close(a);
+}
+
+// A job whose tail's size is all lent (and the halves of it) pins it, and
+// tells the pool, which pins one in place of a free unit once the job's
+// units come back.
+TEST_F(HostPool, AChunkAJobPinnedItselfIsPinnedByThePoolOnceItHasRoom) {
+  start_pool("64M", "16M", "0.5");
+  int other = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(other, 0);
+  for (std::size_t size : {8 * mib, 4 * mib, 2 * mib}) ASSERT_EQ(ask(other, 16, size).count, 2u) << size;
+  Finished run = spill("16M", "46");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
+      << run.err;
+  EXPECT_TRUE(eventually([&] { return ask(other, 16, 8 * mib).count == 1; })) << slurp(pool_log_);
   close(other);
 }
 

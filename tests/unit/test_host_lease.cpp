@@ -116,6 +116,31 @@ TEST_F(HostLease, ASizeGmemdRefusesIsAskedForOnceAndOthersStillAre) {
   EXPECT_EQ(lease.borrowed_bytes(), 3 * unit);
 }
 
+// A chunk the job pinned itself because gmemd had none of its size left is
+// told to gmemd (which learns the mix of sizes its jobs need); not one of a
+// size gmemd refused.
+TEST_F(HostLease, ASizeGmemdHadNoneLeftOfIsToldWhenTheJobPinsItButNotARefusedOne) {
+  gmem::ipc::HostLease lease(driver_, dir_ + "/pool.sock", 1);
+  const Location node = Location::host_numa(0);
+  gmem::vmm::Chunk chunk;
+  std::thread job([&] { EXPECT_FALSE(lease.take(node, 3 * unit, &chunk, nullptr)); });
+  EXPECT_EQ(next_request().unit, 3 * unit);
+  refuse();
+  job.join();
+  lease.missed(3 * unit);
+  job = std::thread([&] { EXPECT_FALSE(lease.take(node, unit, &chunk, nullptr)); });
+  hp::Request r = next_request();
+  EXPECT_EQ(r.op, hp::Op::lend) << "nothing said of the refused size";
+  EXPECT_EQ(r.unit, unit);
+  lend({});  // none left
+  job.join();
+  lease.missed(unit);
+  r = next_request();
+  EXPECT_EQ(r.op, hp::Op::missed);
+  EXPECT_EQ(r.unit, unit);
+  EXPECT_EQ(r.count, 1u);
+}
+
 TEST_F(HostLease, AJobMappingBorrowedUnitsKeepsItsConnectionWhenAnAnswerIsLate) {
   gmem::ipc::HostLease lease(driver_, dir_ + "/pool.sock", 1);
   const Location node = Location::host_numa(0);
