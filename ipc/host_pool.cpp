@@ -262,8 +262,10 @@ bool Server::answer(int fd, const Request& r) {
     return true;
   }
   if (r.op == Op::missed) {
+    // Not while the pool is still being pinned: the size would be there soon.
+    // (A size it does not pin was refused.)
     std::lock_guard lock(mutex_);
-    if (free_.contains(r.unit)) lacked_[r.unit] += r.count;  // (a size it does not pin was refused)
+    if (planned_ == plan_.size() && free_.contains(r.unit)) lacked_[r.unit] += r.count;
     work_.notify_all();
     return true;
   }

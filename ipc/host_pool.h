@@ -20,8 +20,8 @@
 // root only): a unit holds the bytes its last job left in it.
 //
 // The pool learns the mix of sizes its jobs need. A job that pinned a chunk
-// of its own because the pool had none of that size left says so (Op::missed);
-// once all is pinned, the pool unpins free chunks of sizes no job ever lacked
+// of its own because the pool had none of that size left says so (Op::missed;
+// not heard while the pool is still being pinned); the pool then unpins free chunks of sizes no job ever lacked
 // (the size with the most free bytes first) and pins one of the size lacked
 // in their place, its bytes in all unchanged or fewer. Where those do not
 // make room yet (lent), it waits for them to come back. A size once lacked

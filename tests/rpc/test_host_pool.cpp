@@ -36,10 +36,18 @@ class HostPool : public Gmemd {
   // A second gmemd (its own gRPC socket, the same stats) lending `bytes` in
   // units of `unit_size`, `small` of it in sets of smaller chunks.
   void start_pool(const std::string& bytes, const std::string& unit_size = "16M", const std::string& small = "0.1") {
+    start_pinning(bytes, unit_size, small);
+    wait_pinned();
+  }
+  // The same, not waiting until all is pinned; each chunk takes `pin_ms` to pin.
+  void start_pinning(const std::string& bytes, const std::string& unit_size, const std::string& small,
+                     int pin_ms = 0) {
     pool_ = start_daemon(root_ + "/gmemd-pool.sock", stats_, pool_log_,
                          {"--host-pool", bytes, "--host-pool-unit", unit_size, "--host-pool-small", small,
                           "--host-pool-socket", pool_socket_},
-                         {"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH});
+                         {"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, "GMEM_EMU_PIN_MS=" + std::to_string(pin_ms)});
+  }
+  void wait_pinned() {
     ASSERT_TRUE(eventually([&] { return slurp(pool_log_).find(" pinned in ") != std::string::npos; }))
         << slurp(pool_log_);
   }
@@ -285,6 +293,24 @@ TEST_F(HostPool, PinsTheSizesJobsLackedInPlaceOfSizesNoneLacked) {
   missed(a, unit, 1);
   EXPECT_TRUE(eventually([&] { return ask(a, 1).count == 1; })) << slurp(pool_log_);
   EXPECT_EQ(ask(a, 16, 8 * mib).count, 3u) << "a size once lacked is not given up";
+  close(a);
+}
+
+// What a job lacked while the pool was still being pinned is not learned:
+// the size was on its way.
+TEST_F(HostPool, ASizeLackedWhileThePoolIsPinnedIsNotLearned) {
+  start_pinning("64M", "16M", "0.5", 100);  // 8 chunks, 100 ms each, two at a time
+  int a = -1;
+  ASSERT_TRUE(eventually([&] { return (a = gmem::fds::connect_to(pool_socket_)) >= 0; }));
+  missed(a, 8 * mib, 1);
+  EXPECT_EQ(slurp(pool_log_).find(" pinned in "), std::string::npos) << "pinned already: the test proves nothing";
+  wait_pinned();
+  // A 4 MiB chunk lacked now is learned (the larger 8 MiB would have come first).
+  missed(a, 4 * mib, 1);
+  uint32_t fours = 0;
+  EXPECT_TRUE(eventually([&] { return (fours += ask(a, 16, 4 * mib).count) >= 3; })) << slurp(pool_log_);
+  EXPECT_EQ(fours, 3u);
+  EXPECT_EQ(ask(a, 16, 8 * mib).count, 2u) << slurp(pool_log_);
   close(a);
 }
 
