@@ -593,18 +593,32 @@ lm_sizing() {
 # its losses equal those placed by use. A parked range that some call reaches
 # unseen fails the run (cuBLAS's memsets through cudart did, before
 # cuGetProcAddress answered the gated trampolines: docs/eviction.md). The
-# parked run's trace says what the evictor did, step by step.
+# parked run's trace says what the evictor did, step by step. Parked twice on
+# one gmemd: the second job pins no more host memory itself than the first
+# (gmemd learns the sizes its jobs lacked: ipc/host_pool.h).
 spill_park_lm() {
-  local dir=$out/spill-park-lm pool conf rc=0 size budget pool_size trace
+  local dir=$out/spill-park-lm pool conf rc=0 size budget pool_size trace name pinned=()
   mkdir -p "$dir"
   lm_sizing
   host_pool "$dir" "$pool_size"
   for conf in default:host_budget:85%$budget \
-    park:host_budget:85%$budget,evict:1,place_by_use:0,evict_park:1,trace:$dir/park-%p.trace; do
+    park:host_budget:85%$budget,report:1,evict:1,place_by_use:0,evict_park:1,trace:$dir/park-%p.trace \
+    park2:host_budget:85%$budget,report:1,evict:1,place_by_use:0,evict_park:1; do
+    name=${conf%%:*}
     python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir" --job lm --size "$size" --steps 3 --timeout 200 \
-      --conf "${conf#*:}" --losses "$dir/${conf%%:*}.json" || { rc=1; break; }
+      --conf "${conf#*:}" --losses "$dir/$name.json" || { rc=1; break; }
+    # The job's log (each run of one size writes the same file): the bytes it
+    # pinned itself, its host chunks not borrowed from gmemd.
+    cp "$dir/sweep-lm-"*"-$size-deterministic.log" "$dir/$name.log"
+    [ "$name" = default ] || pinned+=("$(grep -o 'vmm-calls call=create memory=host .* bytes=[0-9]*' "$dir/$name.log" |
+      awk -F'bytes=' '{ sum += $2 } END { print sum + 0 }')")
   done
-  [ "$rc" = 0 ] && { python3 tests/gpu/spill_train.py --compare "$dir/default.json" "$dir/park.json" || rc=1; }
+  if [ "$rc" = 0 ]; then
+    python3 tests/gpu/spill_train.py --compare "$dir/default.json" "$dir/park.json" || rc=1
+    python3 tests/gpu/spill_train.py --compare "$dir/park.json" "$dir/park2.json" || rc=1
+    echo "host memory the parked jobs pinned themselves: ${pinned[0]} bytes, then ${pinned[1]} (gmemd learned)"
+    [ "${pinned[1]}" -le "${pinned[0]}" ] || rc=1
+  fi
   for trace in "$dir"/park-*.trace; do
     [ -f "$trace" ] && grep -q '^# evictor' "$trace" && python3 tests/traces/evictor_steps.py "$trace"
   done
