@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   app.add_option("--host-pool-small", pool.small_share,
                  "share of the pool pinned in sets of chunks smaller than the unit (one of each power of two of the "
                  "host's granularity below it), lent for the tails of spilled tensors that whole units do not cover; "
-                 "0: units only")
+                 "0: units only. Sizes jobs lack are then pinned in place of free chunks of sizes none lacked")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
   app.add_option("--host-pool-socket", pool.socket, "lend on this unix socket (GMEM_CONF host_pool_socket)")
