@@ -165,6 +165,7 @@ std::size_t Server::next_to_pin(std::vector<vmm::Chunk>* unpin, bool* lacked) {
     pinning_ += plan_[claimed_];
     return plan_[claimed_++];
   }
+  if (std::any_of(lent_.begin(), lent_.end(), [](const auto& held) { return !held.second.empty(); })) return 0;
   // The largest size lacked that free chunks of sizes none lacked make room for.
   for (auto want = lacked_.rbegin(); want != lacked_.rend(); ++want) {
     const std::size_t size = want->first;

@@ -19,15 +19,17 @@
 // once. Only processes of gmemd's own user are served (root's gmemd serves
 // root only): a unit holds the bytes its last job left in it.
 //
-// The pool learns the mix of sizes its jobs need. A job that pinned a chunk
-// of its own because the pool had none of that size left says so (Op::missed;
-// not heard while the pool is still being pinned); the pool then unpins free chunks of sizes no job ever lacked
-// (the size with the most free bytes first) and pins one of the size lacked
-// in their place, its bytes in all unchanged or fewer. Where those do not
-// make room yet (lent), it waits for them to come back. A size once lacked
-// is never given up: else the chunk just pinned would make room for the
-// next. (The LM at 2.26x an H200's budget parked tails of 2 to 128 MiB in
-// proportions unlike the sets', and pinned 2.2 GB of its own after its
+// The pool learns the mix of sizes its jobs need, for the jobs that come
+// next. A job that pinned a chunk of its own because the pool had none of
+// that size left says so (Op::missed; not heard while the pool is still
+// being pinned). Once no job holds any of its chunks, the pool unpins free
+// chunks of sizes no job ever lacked (the size with the most free bytes
+// first) and pins one of the size lacked in their place, its bytes in all
+// unchanged or fewer. Not while a job holds some: a job's first step takes
+// units after the tails it lacked, and would find them gone. A size once
+// lacked is never given up: else the chunk just pinned would make room for
+// the next. (The LM at 2.26x an H200's budget parked tails of 2 to 128 MiB
+// in proportions unlike the sets', and pinned 2.2 GB of its own after its
 // first step: docs/results.md, thirty-second session.)
 #pragma once
 
@@ -122,9 +124,9 @@ class Server {
          int listen_fd, int stop_fd);
   void pin();
   std::size_t free_bytes() const;  // under mutex_
-  // Pinning's next chunk: the plan's, else one a job lacked with the free
-  // chunks it replaces taken out of free_ (and from pinned_) into `unpin`; 0
-  // if none can be pinned now. Under mutex_.
+  // Pinning's next chunk: the plan's, else (no chunk lent) one a job lacked,
+  // with the free chunks it replaces taken out of free_ (and from pinned_)
+  // into `unpin`; 0 if none can be pinned now. Under mutex_.
   std::size_t next_to_pin(std::vector<vmm::Chunk>* unpin, bool* lacked);
   void serve();
   void accept_one();
@@ -147,7 +149,7 @@ class Server {
   std::size_t pinning_ = 0;                  // bytes being pinned
   // Size -> chunks jobs pinned themselves, not yet replaced (a size here is never given up).
   std::map<std::size_t, std::size_t> lacked_;
-  std::condition_variable work_;             // for the pinners: a chunk lacked, or one back
+  std::condition_variable work_;             // for the pinners: a chunk lacked, or chunks back
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pinners_;
   std::thread server_;

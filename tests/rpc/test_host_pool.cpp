@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <regex>
+#include <thread>
 
 #include "gmemd_fixture.h"
 #include "ipc/fd_passing.h"
@@ -73,6 +75,13 @@ class HostPool : public Gmemd {
     r.count = 1;
     r.units[0] = unit;
     EXPECT_TRUE(gmem::fds::send(socket, &r, sizeof r, {}));
+  }
+  // The chunks of `size_mib` MiB the pool has pinned for what jobs lacked, as its log says.
+  std::size_t learned(std::size_t size_mib) const {
+    const std::string log = slurp(pool_log_), line = "host pool: a chunk of " + std::to_string(size_mib) + " MiB, which";
+    std::size_t n = 0;
+    for (std::size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) ++n;
+    return n;
   }
   // Tells the pool on `socket` that a job pinned `count` chunks of `size` itself.
   static void missed(int socket, std::size_t size, uint32_t count) {
@@ -261,24 +270,19 @@ TEST_F(HostPool, ATailWhoseSizeIsAllLentBorrowsSmallerChunks) {
 
 // Chunks jobs had to pin themselves, the pool having none of their size
 // left, are pinned in the place of free chunks of sizes no job lacked, the
-// size with the most free bytes first; a size once lacked is never given up.
+// size with the most free bytes first, once no job holds any chunk; a size
+// once lacked is never given up.
 TEST_F(HostPool, PinsTheSizesJobsLackedInPlaceOfSizesNoneLacked) {
   start_pool("64M", "16M", "0.5");  // two units, two sets of 8, 4 and 2 MiB: 60 MiB
   int a = gmem::fds::connect_to(pool_socket_);
   ASSERT_GE(a, 0);
-  std::vector<uint32_t> eights;
-  auto take_eights = [&] {
-    const hp::Grant g = ask(a, 16, 8 * mib);
-    eights.insert(eights.end(), g.units, g.units + g.count);
-  };
-  take_eights();
-  ASSERT_EQ(eights.size(), 2u);
+  hp::Grant eights = ask(a, 16, 8 * mib);
+  ASSERT_EQ(eights.count, 2u);
   missed(a, 8 * mib, 3);
-  ASSERT_TRUE(eventually([&] {
-    take_eights();
-    return eights.size() >= 5;
-  })) << slurp(pool_log_);
-  EXPECT_EQ(eights.size(), 5u);
+  for (uint32_t i = 0; i < eights.count; ++i) give_back(a, eights.units[i]);
+  ASSERT_TRUE(eventually([&] { return learned(8) == 3; })) << slurp(pool_log_);
+  eights = ask(a, 16, 8 * mib);
+  EXPECT_EQ(eights.count, 5u);
   // In place of the two units: 52 MiB pinned now.
   EXPECT_EQ(ask(a, 16).count, 0u) << "the units were unpinned";
   EXPECT_NE(scrape(pool_log_).find("\ngmem_host_pool_pinned_bytes 54525952\n"), std::string::npos)
@@ -287,12 +291,13 @@ TEST_F(HostPool, PinsTheSizesJobsLackedInPlaceOfSizesNoneLacked) {
                                   "of sizes no job lacked"),
             std::string::npos)
       << slurp(pool_log_);
-  // A unit lacked now: 24 MiB of 8 MiB chunks are free, but the 8 MiB of
+  // A unit lacked now: 40 MiB of 8 MiB chunks are free, but the 8 MiB of
   // room left and 12 of 4 and 2 MiB chunks make it.
-  for (int i = 0; i < 3; ++i) give_back(a, eights[i]);
+  for (uint32_t i = 0; i < eights.count; ++i) give_back(a, eights.units[i]);
   missed(a, unit, 1);
-  EXPECT_TRUE(eventually([&] { return ask(a, 1).count == 1; })) << slurp(pool_log_);
-  EXPECT_EQ(ask(a, 16, 8 * mib).count, 3u) << "a size once lacked is not given up";
+  ASSERT_TRUE(eventually([&] { return learned(16) == 1; })) << slurp(pool_log_);
+  EXPECT_EQ(ask(a, 16, 8 * mib).count, 5u) << "a size once lacked is not given up";
+  EXPECT_EQ(ask(a, 1).count, 1u);
   close(a);
 }
 
@@ -307,17 +312,17 @@ TEST_F(HostPool, ASizeLackedWhileThePoolIsPinnedIsNotLearned) {
   wait_pinned();
   // A 4 MiB chunk lacked now is learned (the larger 8 MiB would have come first).
   missed(a, 4 * mib, 1);
-  uint32_t fours = 0;
-  EXPECT_TRUE(eventually([&] { return (fours += ask(a, 16, 4 * mib).count) >= 3; })) << slurp(pool_log_);
-  EXPECT_EQ(fours, 3u);
+  ASSERT_TRUE(eventually([&] { return learned(4) == 1; })) << slurp(pool_log_);
+  EXPECT_EQ(ask(a, 16, 4 * mib).count, 3u);
   EXPECT_EQ(ask(a, 16, 8 * mib).count, 2u) << slurp(pool_log_);
+  EXPECT_EQ(learned(8), 0u) << slurp(pool_log_);
   close(a);
 }
 
 // A job whose tail's size is all lent (and the halves of it) pins it, and
-// tells the pool, which pins one in place of a free unit once the job's
-// units come back.
-TEST_F(HostPool, AChunkAJobPinnedItselfIsPinnedByThePoolOnceItHasRoom) {
+// tells the pool, which pins one in place of a free unit once no job holds
+// any chunk of it (not while another does).
+TEST_F(HostPool, AChunkAJobPinnedItselfIsPinnedByThePoolOnceNoJobHoldsAny) {
   start_pool("64M", "16M", "0.5");
   int other = gmem::fds::connect_to(pool_socket_);
   ASSERT_GE(other, 0);
@@ -327,8 +332,15 @@ TEST_F(HostPool, AChunkAJobPinnedItselfIsPinnedByThePoolOnceItHasRoom) {
   EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
   EXPECT_NE(run.err.find("gmem: report host-pool borrowed=33554432 units=2 returned=0\n"), std::string::npos)
       << run.err;
-  EXPECT_TRUE(eventually([&] { return ask(other, 16, 8 * mib).count == 1; })) << slurp(pool_log_);
+  ask(other, 0);  // the job's words and exit were heard before this answer
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(learned(8), 0u) << "pinned while a job held chunks: " << slurp(pool_log_);
   close(other);
+  ASSERT_TRUE(eventually([&] { return learned(8) == 1; })) << slurp(pool_log_);
+  int next = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(next, 0);
+  EXPECT_EQ(ask(next, 16, 8 * mib).count, 3u);
+  close(next);
 }
 
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
