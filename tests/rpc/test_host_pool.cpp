@@ -304,7 +304,7 @@ TEST_F(HostPool, PinsTheSizesJobsLackedInPlaceOfSizesNoneLacked) {
 // What a job lacked while the pool was still being pinned is not learned:
 // the size was on its way.
 TEST_F(HostPool, ASizeLackedWhileThePoolIsPinnedIsNotLearned) {
-  start_pinning("64M", "16M", "0.5", 100);  // 8 chunks, 100 ms each, two at a time
+  start_pinning("64M", "16M", "0.5", 500);  // 8 chunks, 500 ms each, two at a time: 2 s
   int a = -1;
   ASSERT_TRUE(eventually([&] { return (a = gmem::fds::connect_to(pool_socket_)) >= 0; }));
   missed(a, 8 * mib, 1);
