@@ -78,7 +78,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
     stepped(request.device, d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(d, now_ns - d.step_ns);
-  } else if (d.evict == EvictTrial::trying && d.evict_steps && now_ns - d.step_ns > 2 * d.placed_ns) {
+  } else if (d.evict == EvictTrial::trying && d.evict_timed.steps && now_ns - d.step_ns > 2 * d.placed_ns) {
     judge_evict(request.device, d, now_ns - d.step_ns);
   }
   if (asked < d.peak_asked) return false;
@@ -113,14 +113,13 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   switch (d.trial) {
     case Trial::ordered:
       d.ordered_ns = d.ordered_ns ? std::min(d.ordered_ns, step) : step;
-      if (++d.steps == 2) {
+      if (++d.ordered_steps == 2) {
         d.trial = Trial::planned;
-        d.steps = 0;
         d.replan = true;
       }
       break;
     case Trial::planned:
-      if (d.timed(d.steps, step, &d.planned_ns)) {
+      if (d.plan_timed.next(step, &d.planned_ns)) {
         d.trial = d.planned_ns * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
       }
       break;
@@ -137,7 +136,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case BringInTrial::trying:
-      if (int64_t mean = 0; d.timed(d.bring_in_steps, step, &mean)) judge_bring_in(d, mean);  // the first settles it
+      if (int64_t mean = 0; d.bring_in_timed.next(step, &mean)) judge_bring_in(d, mean);  // the first settles it
       break;
     case BringInTrial::kept:
     case BringInTrial::dropped:
@@ -146,16 +145,16 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   switch (d.evict) {
     case EvictTrial::untried:
       // From the plan's verdict, two steps placed as it says are timed first
-      // (evict_steps counts from the verdict's step).
+      // (counted from the verdict's step).
       if (evict_ != Evict::tried || (d.trial != Trial::kept && d.trial != Trial::dropped)) break;
-      if (d.timed(d.evict_steps, step, &d.placed_ns)) {
+      if (d.evict_timed.next(step, &d.placed_ns)) {
         d.evict = EvictTrial::trying;
-        d.evict_steps = 0;
+        d.evict_timed = {};
         if (evict_switched_) evict_switched_(device);
       }
       break;
     case EvictTrial::trying:
-      if (int64_t mean = 0; d.timed(d.evict_steps, step, &mean)) judge_evict(device, d, mean);  // the first settles it
+      if (int64_t mean = 0; d.evict_timed.next(step, &mean)) judge_evict(device, d, mean);  // the first settles it
       break;
     case EvictTrial::kept:
     case EvictTrial::dropped:

@@ -205,6 +205,18 @@ class Uses {
   enum class BringInTrial { untried, trying, kept, dropped };
   // Eviction (evict:tried): waiting for the plan's verdict, on trial, then kept or dropped.
   using EvictTrial = BringInTrial;
+  // The steps one trial times: the first settles it, the next two are timed.
+  struct Timed {
+    int steps = 0;
+    int64_t first_ns = 0;  // the first of the two timed
+    // One more step, lasting `step`: true at the third, with `*mean` the mean of the second and third.
+    bool next(int64_t step, int64_t* mean) {
+      if (++steps == 2) first_ns = step;
+      if (steps != 3) return false;
+      *mean = (first_ns + step) / 2;
+      return true;
+    }
+  };
   struct Device {
     std::size_t recent[2] = {0, 0};  // the sizes of the last two large requests
     std::size_t peak_asked = 0;  // the most asked for at a served request (reported as peak_used)
@@ -213,36 +225,27 @@ class Uses {
     Trial trial = Trial::ordered;
     StepEnds step_ends;
     int64_t step_ns = 0;     // when the last step reached its peak
-    int steps = 0;           // steps timed in this phase of the trial
+    int ordered_steps = 0;
     int64_t ordered_ns = 0;  // the shortest step in the order requested
+    Timed plan_timed;
     int64_t planned_ns = 0;  // the mean of the second and third steps with the plan
     BringInTrial bring_in = BringInTrial::untried;
-    int bring_in_steps = 0;  // timed in its trial
+    Timed bring_in_timed;
     int64_t bring_in_ns = 0;  // the mean of the second and third steps that brought in
     EvictTrial evict = EvictTrial::untried;
-    int evict_steps = 0;     // timed in its trial
+    Timed evict_timed;       // the steps placed before its trial, then its own
     // Eviction's trial and what it is judged against: the mean of two steps
     // in a row (a step timed from peak to peak is short or long as the peak
     // moves within it; the LM's steps placed by its plan alternated 3.9 and
     // 6.1 s, 5.0 s each: docs/results.md, thirty-second session).
     int64_t evict_ns = 0;    // the second and third steps that evicted
     int64_t placed_ns = 0;   // the two steps before its trial, placed as the plan's verdict left them
-    int64_t timed_ns = 0;    // the first of two steps being timed
     Work at_step;            // the pool's work when the last step reached its peak
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
     bool evicting() const { return evict == EvictTrial::trying || evict == EvictTrial::kept; }
-    // One more step, lasting `step`, of a trial's `steps`: the first settles
-    // it, the next two are timed (in timed_ns meanwhile); true at the third,
-    // with `*mean` theirs.
-    bool timed(int& steps, int64_t step, int64_t* mean) {
-      if (++steps == 2) timed_ns = step;
-      if (steps != 3) return false;
-      *mean = (timed_ns + step) / 2;
-      return true;
-    }
   };
   const char* bring_in_name(const Device& d) const;  // as the report names the states
   const char* evict_name(const Device& d) const;

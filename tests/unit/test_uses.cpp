@@ -399,6 +399,25 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_NE(off.uses().report().find(" bring_in=off "), std::string::npos) << off.uses().report();
 }
 
+// Trials that time steps at once each keep their own: bringing in's trial,
+// begun at a dropped plan's verdict, and the two steps eviction's trial
+// times first (from that verdict's step, one step ahead of it).
+TEST(Uses, TrialsTimingTheSameStepsEachKeepTheirOwn) {
+  Job job(true, 64 * mib);
+  job.uses().try_bring_in();
+  job.uses().set_evict(Evict::tried);
+  for (int i = 0; i < ordered_steps; ++i) job.step(i == 2 ? 100'000'000 : 150'000'000);
+  job.step(96'000'000);  // the plan's, dropped: 96 ms against 100
+  job.step(96'000'000);
+  for (int64_t ms : {140, 100, 80, 60}) job.step(ms * 1'000'000);
+  job.step();
+  // Eviction's placed steps: 140 and 100 ms; bringing in's: 100 and 80 (its
+  // first, 140, settles it).
+  EXPECT_NE(job.uses().report().find(" bring_in=kept bring_in_step_ms=90.0 evict=trying placed_step_ms=120.0 "),
+            std::string::npos)
+      << job.uses().report();
+}
+
 // Eviction (evict:tried) is tried once the plan's trial has ended: two steps
 // placed as its verdict says are timed, then the evictor begins; its first
 // step settles it (no request is placed off the device by the plan while it
