@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <string>
 
 namespace gmem::pool {
 
@@ -23,17 +21,6 @@ std::size_t in_units(std::size_t granularity, std::size_t unit, std::size_t want
   std::size_t size = granularity;
   while (size < want && size < unit) size *= 2;
   return std::min(size, unit);
-}
-
-// MemAvailable of /proc/meminfo, in bytes; 0 if unknown.
-std::size_t host_available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  std::size_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib << 10;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -195,7 +182,7 @@ Tiers::DeviceInfo& Tiers::info(int device) {
 std::size_t Tiers::host_budget_locked() {
   if (!host_budget_known_) {
     host_budget_known_ = true;
-    if (!host_available_) host_available_ = host_available_memory();
+    if (!host_available_) host_available_ = vmm::host_available_memory();
     // What gmemd pinned for jobs is no longer in MemAvailable, but it is theirs.
     if (lease_.lendable && budgets_.host_chunk.share < 0) host_available_ += lease_.lendable(budgets_.host_chunk.bytes);
     host_budget_ = budgets_.host.of(host_available_);

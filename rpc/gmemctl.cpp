@@ -8,6 +8,7 @@
 
 #include "rpc/client.h"
 #include "rpc/format.h"
+#include "rpc/host_pool_size.h"
 #include "rpc/paths.h"
 #include "rpc/placement_summary.h"
 #include "rpc/run_job.h"
@@ -95,10 +96,11 @@ int main(int argc, char** argv) {
   run->add_option("--conf", run_options.conf, "GMEM_CONF for the job (default: the environment's)");
   run->add_option("--stats-dir", run_options.stats_dir, "where the job publishes stats (and gmemd reads them)");
   run->add_option("--host-pool", run_options.host_pool,
-                  "if gmemctl starts gmemd, it also pins this much host memory (96G), in units of the job's "
-                  "host_chunk, and lends it to jobs that spill: pinning overlaps the job's start, and what is pinned "
-                  "by its first spill is not pinned in its step. gmemd keeps it pinned for later jobs until stopped")
-      ->transform(CLI::AsSizeValue(false));
+                  "if gmemctl starts gmemd, it also pins this much host memory (96G, or a share of the memory "
+                  "available: 70%), in units of the job's host_chunk, and lends it to jobs that spill: pinning "
+                  "overlaps the job's start, and what is pinned by its first spill is not pinned in its step. gmemd "
+                  "keeps it pinned for later jobs until stopped")
+      ->check(gmem::rpc::host_pool_size());
   run->add_option("CMD", run_options.command, "the job and its arguments (put -- before it)")->required();
   run->positionals_at_end();
 

@@ -15,10 +15,12 @@
 #include "interpose/real_driver.h"
 #include "ipc/host_pool.h"
 #include "rpc/catalog.h"
+#include "rpc/host_pool_size.h"
 #include "rpc/listener.h"
 #include "rpc/metrics.h"
 #include "rpc/paths.h"
 #include "rpc/service.h"
+#include "vmm/topology.h"
 
 namespace {
 
@@ -74,11 +76,13 @@ int main(int argc, char** argv) {
                "let processes of one uid share memory across user and pid namespaces (containers); off: only within one");
   gmem::ipc::host_pool::Server::Settings pool;
   pool.socket = gmem::ipc::host_pool::default_socket_path();
-  app.add_option("--host-pool", pool.bytes,
-                 "pin this much host memory (96G) ahead of any job, in units, and lend it to jobs under gmem that "
-                 "spill (GMEM_CONF host_pool:1, the default): their first spilled step does not wait for pinning. "
-                 "Needs the CUDA driver. Off by default")
-      ->transform(CLI::AsSizeValue(false));
+  std::string host_pool_size;
+  app.add_option("--host-pool", host_pool_size,
+                 "pin this much host memory (96G, or a share of the memory available now: 70%) ahead of any job, in "
+                 "units, and lend it to jobs under gmem that spill (GMEM_CONF host_pool:1, the default): their first "
+                 "spilled step does not wait for pinning. No more than the memory available. Needs the CUDA driver. "
+                 "Off by default")
+      ->check(gmem::rpc::host_pool_size());
   app.add_option("--host-pool-unit", pool.unit, "the size of each unit lent; a job borrows units of its host_chunk, and chunks of --host-pool-small's sizes")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
@@ -104,6 +108,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : exit_usage;
+  }
+  if (!host_pool_size.empty()) {
+    std::string too_much;
+    pool.bytes = gmem::rpc::host_pool_bytes(host_pool_size, gmem::vmm::host_available_memory(), &too_much);
+    if (!too_much.empty()) {
+      fprintf(stderr, "gmemd: %s\n", too_much.c_str());
+      return 1;
+    }
   }
 
   // Signals are taken synchronously by the main thread: block them before any

@@ -51,9 +51,9 @@ std::vector<std::string> dedup_options(const std::string& conf) {
 // With --host-pool, the gmemd started pins for the job as its GMEM_CONF asks:
 // units of its host_chunk where that is a size (only units of that size are
 // lent to it), on its host_pool_socket.
-std::vector<std::string> host_pool_options(std::size_t bytes, const std::string& conf) {
-  if (!bytes) return {};
-  std::vector<std::string> options = {"--host-pool", std::to_string(bytes)};
+std::vector<std::string> host_pool_options(const std::string& size, const std::string& conf) {
+  if (size.empty()) return {};
+  std::vector<std::string> options = {"--host-pool", size};
   if (const std::string unit = conf_value(conf, "host_chunk"); !unit.empty()) {
     if (unit.back() == '%') {
       fprintf(stderr, "gmemctl: host_chunk:%s is a share: gmemd pins in its default units, lent only to jobs whose "
@@ -132,13 +132,13 @@ int run_job(const RunOptions& options) {
   } else if (stats_dir_in(conf).empty()) {
     conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
   }
-  if (const std::string lends = conf_value(conf, "host_pool"); options.host_pool && (lends == "0" || lends == "false")) {
+  if (const std::string lends = conf_value(conf, "host_pool"); !options.host_pool.empty() && (lends == "0" || lends == "false")) {
     fprintf(stderr, "gmemctl: --host-pool lends to jobs with host_pool:1; GMEM_CONF has host_pool:0\n");
     return exit_usage;
   }
   Client client(options.socket);
   if (client.answers(1)) {
-    if (options.host_pool) {
+    if (!options.host_pool.empty()) {
       fprintf(stderr,
               "gmemctl: gmemd already answers on %s, so --host-pool is not used: the job borrows from that gmemd's "
               "host pool if it was started with one (gmemd --host-pool SIZE)\n",

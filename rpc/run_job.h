@@ -12,9 +12,9 @@ namespace gmem::rpc {
 
 struct RunOptions {
   std::string socket, shim, conf, stats_dir;
-  // Host memory the gmemd that run starts pins and lends (gmemd --host-pool);
-  // 0: none.
-  std::size_t host_pool = 0;
+  // Host memory the gmemd that run starts pins and lends (gmemd --host-pool:
+  // a size or a share); empty: none.
+  std::string host_pool;
   std::vector<std::string> command;
 };
 

@@ -1,6 +1,8 @@
 #include "vmm/topology.h"
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 namespace gmem::vmm {
 
@@ -62,6 +64,16 @@ CUresult memory_info(const Driver& driver, CUcontext context, std::size_t* free,
   CUcontext popped = nullptr;
   driver.cuCtxPopCurrent_v2(&popped);
   return status;
+}
+
+std::size_t host_available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::size_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib << 10;
+  }
+  return 0;
 }
 
 }  // namespace gmem::vmm

@@ -41,4 +41,8 @@ CUresult topology(const Driver& driver, int device, Topology* out);
 // device) pushed on the calling thread for the call.
 CUresult memory_info(const Driver& driver, CUcontext context, std::size_t* free, std::size_t* total);
 
+// MemAvailable of /proc/meminfo, in bytes: what the host can give without
+// swapping; 0 if unknown.
+std::size_t host_available_memory();
+
 }  // namespace gmem::vmm

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -400,6 +401,43 @@ TEST_F(HostPool, WithoutADriverOrWithABadUnitGmemdSaysWhyAndStops) {
   EXPECT_EQ(odd_unit.status, 1);
   EXPECT_NE(odd_unit.err.find("must be a multiple of the host's granularity"), std::string::npos) << odd_unit.err;
   EXPECT_FALSE(fs::exists(pool_socket_));
+}
+
+// MemAvailable of /proc/meminfo, in bytes.
+std::size_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::size_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib << 10;
+  }
+  return 0;
+}
+
+// --host-pool takes a share of the host memory available (70%), and refuses
+// more than is available (pinned memory is never paged out) or a share that
+// is none.
+TEST_F(HostPool, APoolIsAShareOfTheAvailableMemoryAndNoMoreThanIt) {
+  for (const char* size : {"1000000G", "150%", "0%", "lots"}) {
+    Finished refused = run_command({"env", "GMEM_REAL_LIBCUDA=" GMEM_EMU_PATH, gmemd, "--socket", root_ + "/g2.sock",
+                                    "--stats-dir", stats_, "--host-pool", size, "--host-pool-socket", pool_socket_});
+    const bool too_much = size == std::string("1000000G");
+    EXPECT_EQ(refused.status, too_much ? 1 : 2) << size;
+    EXPECT_NE(refused.err.find(too_much ? "--host-pool 1000000G is more than the host memory available"
+                                        : "expected a size (96G) or a share of the available host memory"),
+              std::string::npos)
+        << refused.err;
+    EXPECT_FALSE(fs::exists(pool_socket_));
+  }
+  const std::size_t available = available_memory();
+  ASSERT_GT(available, 0u);
+  start_pool("1%", "2M", "0");
+  const std::string metrics = scrape(pool_log_);
+  std::smatch pinned;
+  ASSERT_TRUE(std::regex_search(metrics, pinned, std::regex("\ngmem_host_pool_pinned_bytes ([0-9]+)\n"))) << metrics;
+  // A hundredth of what was available, give or take what changed meanwhile.
+  EXPECT_GT(std::stod(pinned[1]), 0.008 * static_cast<double>(available)) << metrics;
+  EXPECT_LT(std::stod(pinned[1]), 0.012 * static_cast<double>(available)) << metrics;
 }
 
 }  // namespace
