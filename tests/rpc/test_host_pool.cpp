@@ -6,13 +6,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <regex>
 #include <thread>
 
 #include "gmemd_fixture.h"
 #include "ipc/fd_passing.h"
 #include "ipc/host_pool.h"
+#include "vmm/topology.h"
 
 namespace {
 
@@ -403,17 +403,6 @@ TEST_F(HostPool, WithoutADriverOrWithABadUnitGmemdSaysWhyAndStops) {
   EXPECT_FALSE(fs::exists(pool_socket_));
 }
 
-// MemAvailable of /proc/meminfo, in bytes.
-std::size_t available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  std::size_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib << 10;
-  }
-  return 0;
-}
-
 // --host-pool takes a share of the host memory available (70%), and refuses
 // more than is available (pinned memory is never paged out) or a share that
 // is none.
@@ -429,7 +418,7 @@ TEST_F(HostPool, APoolIsAShareOfTheAvailableMemoryAndNoMoreThanIt) {
         << refused.err;
     EXPECT_FALSE(fs::exists(pool_socket_));
   }
-  const std::size_t available = available_memory();
+  const std::size_t available = gmem::vmm::host_available_memory();
   ASSERT_GT(available, 0u);
   start_pool("1%", "2M", "0");
   const std::string metrics = scrape(pool_log_);
