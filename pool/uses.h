@@ -36,18 +36,17 @@
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // has dropped the plan: three steps with it (the first settles), kept only if
 // the mean of the second and third is shorter than the shortest in the order
-// requested, or dropped
-// as soon as a step with it has lasted twice that long (the LM's
-// took 31 s against 5.0, and the trial's steps cost it about 18 s in all). It
-// pays where a kernel runs over host memory far slower than the link (the
-// GCN's index_put_, reading its source in the order of a sorted index, ran at
-// a quarter of it), and costs where the room it takes was wanted by the next
-// requests (the LM's steps took 1.7x as long). A kept plan has chosen what
-// lies on the device, and bringing in is not tried after it: on the H100 each
-// such trial was dropped (the LM's steps took 11.0-11.4 s against 7.0; the
-// GCN at 1.5x with its plan kept, 6.7 s against 3.8, and the job then ran out
-// of memory: docs/results.md). Without place_by_use, steps are not timed, and
-// nothing is tried.
+// requested, or dropped as soon as a step with it has lasted twice that long
+// (the LM's took 31 s against 5.0, and the trial's steps cost it about 18 s
+// in all). It pays where a kernel runs over host memory far slower than the
+// link (the GCN's index_put_, reading its source in the order of a sorted
+// index, ran at a quarter of it), and costs where the room it takes was
+// wanted by the next requests (the LM's steps took 1.7x as long). A kept plan
+// has chosen what lies on the device, and bringing in is not tried after it:
+// on the H100 each such trial was dropped (the LM's steps took 11.0-11.4 s
+// against 7.0; the GCN at 1.5x with its plan kept, 6.7 s against 3.8, and the
+// job then ran out of memory: docs/results.md). Without place_by_use, steps
+// are not timed, and nothing is tried.
 //
 // Moving live memory off the device and back while it spills (evict:tried,
 // pool/evictor.h) is tried the same way once the plan's trial has ended
@@ -257,8 +256,8 @@ class Uses {
   // Bringing in is kept if `step` (its trial's mean) is shorter than the
   // shortest step in the order requested, else dropped.
   void judge_bring_in(Device& d, int64_t step);
-  // Eviction is kept if `step` (its trial's) is at least 5% shorter than
-  // Device::placed_ns, else dropped.
+  // Eviction is kept if `step` (its trial's mean) is at least 5% shorter
+  // than Device::placed_ns, else dropped.
   void judge_evict(int device, Device& d, int64_t step);
 
   std::map<std::size_t, Figures> by_size() const;

@@ -49,15 +49,15 @@ inline CLI::Validator host_pool_size() {
 // unknown); 0 with `problem` said where a size is more than is available
 // (pinned memory is never paged out: the host would run short).
 inline std::size_t host_pool_bytes(const std::string& text, std::size_t available, std::string* problem) {
-  char gib[32];
-  snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(available) / (1 << 30));
   if (const double share = host_pool_share(text); share > 0) {
     if (!available) *problem = "--host-pool " + text + ": the host's available memory is unknown (no MemAvailable)";
     return static_cast<std::size_t>(static_cast<double>(available) * share / 100);
   }
-  bool ok = false;
+  bool ok = false;  // (the option's check passed it)
   const std::size_t bytes = host_pool_size_bytes(text, &ok);
   if (available && bytes > available) {
+    char gib[32];
+    snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(available) / (1 << 30));
     *problem = "--host-pool " + text + " is more than the host memory available (" + gib +
                "): pinned memory cannot be paged out; give less, or a share of it (70%)";
     return 0;
