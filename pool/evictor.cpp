@@ -71,10 +71,6 @@ bool Evictor::bring_back(CUdeviceptr base, const AccessRecord& record) {
   if (!moving_ && now_ns() - looked_ns_ > std::chrono::nanoseconds(stopped).count()) return false;
   ++work_.urgent;
   const int64_t start = now_ns();
-  // Short of room for it, idle ranges go first, as for a request.
-  lock.unlock();
-  make_room(record.device(), record.host_bytes() + record.peer_bytes());
-  lock.lock();
   urgent_.push_back(base);
   auto asked = [&] { return std::find(urgent_.begin(), urgent_.end(), base) != urgent_.end(); };
   moved_.wait_for(lock, std::chrono::seconds(1), [&] { return !record.parked() || !asked(); });

@@ -134,13 +134,11 @@ class Evictor {
   bool wait_moves(uint64_t since);
   static constexpr std::chrono::milliseconds period{2};
   // A call is about to reference the parked range at `base` (the calling
-  // thread, outside the gate; VmmPool::park_evictions): where the device
-  // lacks the room for it, idle ranges go to the host first (make_room, as
-  // for a request); then the evictor's next look brings it back first where
-  // the device has the room, and says no otherwise. Whether `record` is
-  // parked no more (1 s after make_room at most). No at once where the
-  // evictor has stopped looking (spills ended: no look for `stopped` and no
-  // batch under way).
+  // thread, outside the gate; VmmPool::park_evictions): the evictor's next
+  // look brings it back first where the device has room for it, and says no
+  // otherwise. Whether `record` is parked no more (at most 1 s). No at once
+  // where the evictor has stopped looking (spills ended: no look for
+  // `stopped` and no batch under way).
   bool bring_back(CUdeviceptr base, const AccessRecord& record);
   static constexpr std::chrono::milliseconds stopped{100};
 
@@ -159,7 +157,7 @@ class Evictor {
     uint64_t evict_ns = 0;   // of move_ns, in batches to the host
     uint64_t driver_ns = 0;  // of move_ns, in the driver's VMM calls and enqueuing copies
     uint64_t copy_wait_ns = 0;  // of move_ns, waiting for the copies
-    uint64_t waits = 0, wait_ns = 0;  // requests (and bring_back's calls) make_room held, and for how long
+    uint64_t waits = 0, wait_ns = 0;  // requests make_room held, and for how long
     // Of `waits`: those the evictor could not make room for (all it could
     // move would not do), and those that ran out of looks or time.
     uint64_t waits_stuck = 0, waits_expired = 0;

@@ -1092,32 +1092,6 @@ TEST_F(EvictPark, ALaunchOfAParkedAllocationMapsItFirst) {
   check(a, 96 * mib, 1);
 }
 
-// A launch of a parked allocation the device has no room for has the
-// evictor park idle ones in its place and bring it back, rather than map it
-// onto its host chunks to be read over PCIe (the LM at 2.26x an H200's budget
-// once unparked a 20.1 GB range so, and paid 1.1 s in its first step and
-// about 0.2 s in each after: docs/results.md, thirty-fourth session). Its own
-// meson run (evict-park-urgent): the launch waits only while the evictor
-// looks, which it does until spills have been quiet for migrate_after_ms.
-TEST_F(EvictPark, AParkedRangeALaunchNeedsComesBackInPlaceOfAnIdleOne) {
-  const auto [a, b, c] = park_the_oldest();
-  CUdeviceptr d = alloc(64 * mib);  // what room a left
-  fill(d, 64 * mib, 4);
-  {
-    Launcher user(ctx_, a, std::chrono::hours(1));  // returns once it launched
-    EXPECT_EQ(user.failed(), 0);
-  }
-  EXPECT_EQ(spilled_bytes(OwnStats(), a), 0u) << "mapped onto its host chunks, not brought back";
-  EXPECT_TRUE(on_device_0(a) && on_device_0(a + 95 * mib));
-  EXPECT_EQ(spilled_bytes(OwnStats(), b), 96 * mib) << "b, the oldest idle one, not parked in its place";
-  EXPECT_EQ(driver_handle(b), 0u) << "b moved off, and still mapped at its addresses";
-  EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS) << "a launch read unmapped memory";
-  check(a, 96 * mib, 1);
-  check(b, 96 * mib, 2);
-  check(c, 96 * mib, 3);
-  check(d, 64 * mib, 4);
-}
-
 // Once spills have ended, the evictor looks no more: a launch of a range
 // still parked has it mapped at once, rather than wait (1 s) for a look
 // that does not come. Its own meson run (evict-park-stopped): the mover
