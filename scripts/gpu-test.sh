@@ -550,13 +550,22 @@ fi
 # --per-step (here, on the traces brought back) gives the placement's side.
 # host_pool DIR: unless a gmemd runs, starts one with a 100 GiB host pool
 # (log in DIR) and waits until it pinned it; sets `pool` to its pid (empty if
-# one ran already), for the caller to stop.
+# one ran already), for the caller to stop with stop_pool: that waits until
+# it has exited (unpinning takes seconds), since a gmemd still exiting counts
+# as running for the next step or gpu-ab.sh, whose jobs then find no pool
+# and pin all their host memory themselves (the thirty-fourth session's GCN
+# after spill-park-lm: 120 GB, a first step of 23.9 s).
 host_pool() {
   pool=""
   pgrep -x gmemd >/dev/null && return 0
   setsid "$carry/bin/gmemd" --host-pool "${2:-100G}" >"$1/gmemd.log" 2>&1 &
   pool=$!
   for _ in $(seq 120); do grep -q "pinned in" "$1/gmemd.log" && break; sleep 1; done
+}
+stop_pool() {
+  [ -n "$pool" ] || return 0
+  kill "$pool"
+  wait "$pool"
 }
 spill_uses() {
   local dir=$out/spill-uses job size trace pool rc=0
@@ -574,7 +583,7 @@ spill_uses() {
       python3 tests/traces/copy_floor.py "$trace" || rc=1
     done
   done
-  [ -n "$pool" ] && kill "$pool"
+  stop_pool
   return "$rc"
 }
 # lm_sizing: sets the caller's `size`, `budget` (added to GMEM_CONF) and
@@ -636,7 +645,7 @@ spill_park_lm() {
   for trace in "$dir"/park-*.trace; do
     [ -f "$trace" ] && grep -q '^# evictor' "$trace" && python3 tests/traces/evictor_steps.py "$trace"
   done
-  [ -n "$pool" ] && kill "$pool"
+  stop_pool
   return "$rc"
 }
 # evict:tried's verdicts on the same LM: parked, eviction is kept (about 3.0 s
@@ -661,10 +670,10 @@ spill_tried_lm() {
     echo "evict_park:$park:${said:- no report place line} (expected evict=$want)"
     [[ $said == " evict=$want "* ]] || rc=1
   done
-  [ -n "$pool" ] && kill "$pool"
+  stop_pool
   return "$rc"
 }
-export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
+export -f host_pool stop_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
