@@ -209,6 +209,18 @@ torch_default_losses() {
   python3 tests/gpu/spill_train.py --compare "$dir/gmem-default.json" "$dir/stock.json"
 }
 
+# stop_gmemd PID: stops a gmemd this shell started (none if PID is empty) and
+# waits until it has exited (unpinning a host pool takes seconds): a gmemd
+# still exiting counts as running for the next step or gpu-ab.sh, which then
+# start no pool, and their jobs pin all their host memory themselves (the
+# thirty-fourth session's GCN after spill-park-lm: 120 GB, a first step of
+# 23.9 s).
+stop_gmemd() {
+  [ -n "$1" ] || return 0
+  kill "$1"
+  wait "$1"
+}
+
 # The stats plane on a training job: gmemctl run starts it under the shim,
 # gmemd serves its figures; gmemctl ps/stats/placement --json, the Prometheus
 # text and the screen of gmemctl top (under tmux) are saved in $out.
@@ -247,7 +259,7 @@ stats_plane() {
   fi
   wait "$job"
   rc=$?
-  kill "$daemon"
+  stop_gmemd "$daemon"
   echo "job exit status: $rc"
   return "$rc"
 }
@@ -302,7 +314,7 @@ dedup_merge() {
     exec {fd_a}>&- {fd_b}>&- {fd_c}>&-
   }
   wait "${pids[@]}"
-  kill "$daemon"
+  stop_gmemd "$daemon"
   for name in a b c; do echo "== $name"; cat "$dir/$name.out"; done
   # a: offered (state 1); b: merged (state 2), the right bytes, then private and writable.
   grep -q '^ready [0-9]* 0 1 ' "$dir/a.out" || { echo "a was not marked (state 1)"; rc=1; }
@@ -550,22 +562,13 @@ fi
 # --per-step (here, on the traces brought back) gives the placement's side.
 # host_pool DIR: unless a gmemd runs, starts one with a 100 GiB host pool
 # (log in DIR) and waits until it pinned it; sets `pool` to its pid (empty if
-# one ran already), for the caller to stop with stop_pool: that waits until
-# it has exited (unpinning takes seconds), since a gmemd still exiting counts
-# as running for the next step or gpu-ab.sh, whose jobs then find no pool
-# and pin all their host memory themselves (the thirty-fourth session's GCN
-# after spill-park-lm: 120 GB, a first step of 23.9 s).
+# one ran already), for the caller to stop with stop_gmemd.
 host_pool() {
   pool=""
   pgrep -x gmemd >/dev/null && return 0
   setsid "$carry/bin/gmemd" --host-pool "${2:-100G}" >"$1/gmemd.log" 2>&1 &
   pool=$!
   for _ in $(seq 120); do grep -q "pinned in" "$1/gmemd.log" && break; sleep 1; done
-}
-stop_pool() {
-  [ -n "$pool" ] || return 0
-  kill "$pool"
-  wait "$pool"
 }
 spill_uses() {
   local dir=$out/spill-uses job size trace pool rc=0
@@ -583,7 +586,7 @@ spill_uses() {
       python3 tests/traces/copy_floor.py "$trace" || rc=1
     done
   done
-  stop_pool
+  stop_gmemd "$pool"
   return "$rc"
 }
 # lm_sizing: sets the caller's `size`, `budget` (added to GMEM_CONF) and
@@ -645,7 +648,7 @@ spill_park_lm() {
   for trace in "$dir"/park-*.trace; do
     [ -f "$trace" ] && grep -q '^# evictor' "$trace" && python3 tests/traces/evictor_steps.py "$trace"
   done
-  stop_pool
+  stop_gmemd "$pool"
   return "$rc"
 }
 # evict:tried's verdicts on the same LM: parked, eviction is kept (about 3.0 s
@@ -670,10 +673,10 @@ spill_tried_lm() {
     echo "evict_park:$park:${said:- no report place line} (expected evict=$want)"
     [[ $said == " evict=$want "* ]] || rc=1
   done
-  stop_pool
+  stop_gmemd "$pool"
   return "$rc"
 }
-export -f host_pool stop_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
+export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
