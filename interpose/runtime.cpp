@@ -4,9 +4,13 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 
 #include "dedup/wire.h"
 #include "dedup/client.h"
@@ -155,6 +159,49 @@ void start_trace(Runtime& rt) {
   rt.pool->record_trace(std::move(trace));
 }
 
+// plan_file: the plan's verdicts and figures of an earlier run of the job
+// are taken back before its first request (pool/uses.h), and this run's are
+// written at exit, by the process that read them (not a forked child), where
+// its trials reached a verdict.
+pid_t plan_owner = 0;
+
+void save_plan() {
+  if (getpid() != plan_owner) return;
+  const std::string text = the_runtime->pool->uses().remembered();
+  if (text.find("\ndevice ") == std::string::npos) return;  // no verdict: the file stays as it was
+  const std::string& path = the_runtime->config.plan_file.path;
+  const std::string temporary = path + ".tmp." + std::to_string(getpid());
+  std::ofstream out(temporary, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out || rename(temporary.c_str(), path.c_str()) != 0) {
+    log_message(LogLevel::warn, "plan_file: cannot write %s (%s); the next run starts without this run's plan",
+                path.c_str(), strerror(errno));
+    unlink(temporary.c_str());
+  }
+}
+
+void start_plan(Runtime& rt) {
+  const std::string& path = rt.config.plan_file.path;
+  if (!rt.config.track_access || !rt.config.place_by_use) {
+    log_message(LogLevel::warn, "plan_file needs track_access:1 and place_by_use:1; %s is neither read nor written",
+                path.c_str());
+    return;
+  }
+  if (std::ifstream in(path); in) {
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (rt.pool->uses().remember(text.str())) {
+      log_message(LogLevel::info, "plan_file: placing as %s says, from the start", path.c_str());
+    } else {
+      log_message(LogLevel::warn, "plan_file: %s is not a plan gmem wrote; the job starts without it, and it is "
+                  "written anew at exit", path.c_str());
+    }
+  }
+  plan_owner = getpid();
+  atexit(save_plan);
+}
+
 // Any process under gmem opens gmem's handles; one with the VMM pool exports
 // its memory with them (told of frees after dedup, which may refuse one).
 void start_ipc(Runtime& rt) {
@@ -211,6 +258,7 @@ void initialise() {
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);
       if (use_vmm && !rt->config.trace.path.empty()) start_trace(*rt);
+      if (use_vmm && !rt->config.plan_file.path.empty()) start_plan(*rt);
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

@@ -210,6 +210,7 @@ class Pool {
   }
   // Launches and placement of the large allocations (with track_access).
   const Uses& uses() const { return uses_; }
+  Uses& uses() { return uses_; }
   const vmm::Driver& driver() const { return driver_; }
   // Each is told in the order added; the first to refuse a free stops it.
   void observe_frees(FreeObserver* observer) { free_observers_.push_back(observer); }

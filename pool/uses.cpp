@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <sstream>
 #include <vector>
 
 namespace gmem::pool {
@@ -347,14 +348,14 @@ std::string Uses::report_plan(std::size_t most) const {
              "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s placed_step_ms=%.1f evict_step_ms=%.1f "
              "last_step_ms=%.1f last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
-             "last_step_slow_map_ms=%.1f\n",
+             "last_step_slow_map_ms=%.1f remembered=%d\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_name(d), double(d.bring_in_ns) / 1e6, evict_name(d),
              double(d.placed_ns) / 1e6, double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),
-             double(d.last_step.slow_map_ns) / 1e6);
+             double(d.last_step.slow_map_ns) / 1e6, int(d.remembered));
     out += buf;
   }
   std::vector<const Kind*> alive;
@@ -375,6 +376,92 @@ std::string Uses::report_plan(std::size_t most) const {
     out += buf;
   }
   return out;
+}
+
+namespace {
+
+constexpr const char* remembered_header = "gmem plan v1";
+
+// The index of `name` in `names`; -1 if none.
+template <std::size_t N>
+int index_of(const char* const (&names)[N], const std::string& name) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (name == names[i]) return int(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::string Uses::remembered() const {
+  std::lock_guard lock(mutex_);
+  std::ostringstream out;
+  out << remembered_header << "\n";
+  auto judged = [&](int device) {
+    const auto it = devices_.find(device);
+    return it != devices_.end() && (it->second.trial == Trial::kept || it->second.trial == Trial::dropped);
+  };
+  for (const auto& [device, d] : devices_) {
+    if (!judged(device)) continue;
+    const BringInTrial bring_in = d.bring_in == BringInTrial::trying ? BringInTrial::untried : d.bring_in;
+    out << "device " << device << ' ' << trials[int(d.trial)] << ' ' << bring_ins[int(bring_in)] << ' ' << d.lacked
+        << ' ' << d.ordered_ns << ' ' << d.planned_ns << ' ' << d.bring_in_ns << "\n";
+  }
+  for (const auto& [id, k] : kinds_) {
+    if (!judged(k.device) || !k.figures.allocations) continue;
+    out << "kind " << id << ' ' << k.device << ' ' << k.size << ' ' << k.figures.allocations << ' '
+        << k.figures.launches << ' ' << k.figures.passes << ' ' << k.figures.host_bytes << ' ' << k.peak.size();
+    for (uint32_t number : k.peak) out << ' ' << number;
+    out << "\n";
+  }
+  return out.str();
+}
+
+bool Uses::remember(const std::string& text) {
+  if (!place_) return false;
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != remembered_header) return false;
+  std::map<int, Device> devices;
+  std::unordered_map<uint64_t, Kind> kinds;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string what, trial, bring_in;
+    fields >> what;
+    if (what == "device") {
+      int device = -1;
+      Device d;
+      fields >> device >> trial >> bring_in >> d.lacked >> d.ordered_ns >> d.planned_ns >> d.bring_in_ns;
+      const int t = index_of(trials, trial), b = index_of(bring_ins, bring_in);
+      if (!fields || device < 0 || (t != int(Trial::kept) && t != int(Trial::dropped)) || b < 0) return false;
+      d.trial = Trial(t);
+      d.bring_in = bring_in_ ? BringInTrial(b) : BringInTrial::untried;
+      d.replan = d.remembered = true;
+      devices[device] = d;
+    } else if (what == "kind") {
+      uint64_t id = 0;
+      Kind k;
+      std::size_t at_peak = 0;
+      fields >> id >> k.device >> k.size >> k.figures.allocations >> k.figures.launches >> k.figures.passes >>
+          k.figures.host_bytes >> at_peak;
+      k.peak.resize(fields ? std::min(at_peak, std::size_t(max_kinds)) : 0);
+      for (uint32_t& number : k.peak) fields >> number;
+      if (!fields || !id || !devices.count(k.device) || at_peak > max_kinds ||
+          !std::is_sorted(k.peak.begin(), k.peak.end())) {
+        return false;
+      }
+      kinds[id] = std::move(k);
+    } else if (!what.empty()) {
+      return false;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  devices_.merge(devices);
+  kinds_.merge(kinds);
+  bool bringing = false;
+  for (const auto& [id, d] : devices_) bringing |= d.bringing_in();
+  bringing_in_.store(bringing, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace gmem::pool

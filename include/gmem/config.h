@@ -83,6 +83,12 @@
     "peak; the plan is tried for three steps after four in the order requested and " \
     "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
+  X(plan_file, file, "",                                                             \
+    "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
+    "this file at start, where it exists, and this run's is written there at exit "   \
+    "(where its trial reached a verdict): a job run again places by use, or in the "  \
+    "order requested if its plan was dropped, from the start, with no trial; a job "  \
+    "that changed plans its own kinds at its peaks; empty: none")                     \
   X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \

@@ -283,7 +283,7 @@ TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
   for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
   EXPECT_NE(job.uses().report().find(" last_step_ms=80.0 last_step_driver_ms=7.0 last_step_maps=3 "
                                      "last_step_misses=2 last_step_map_ms=6.0 last_step_slow_maps=1 "
-                                     "last_step_slow_map_ms=5.0\n"),
+                                     "last_step_slow_map_ms=5.0 remembered=0\n"),
             std::string::npos)
       << job.uses().report();
 }
@@ -416,6 +416,66 @@ TEST(Uses, TrialsTimingTheSameStepsEachKeepTheirOwn) {
   EXPECT_NE(job.uses().report().find(" bring_in=kept bring_in_step_ms=90.0 evict=trying placed_step_ms=120.0 "),
             std::string::npos)
       << job.uses().report();
+}
+
+// plan_file: a run's verdicts and the figures of its kinds, taken back by a
+// new run of the same job before its first request, place it as the trial
+// left the last run, with no trial: by use where the plan was kept, in the
+// order requested where it was dropped. A kind is known by the sizes of the
+// two large requests before it, so the first step's first requests (A, then
+// B) are kinds of their own; and the kinds planned are those alive at the
+// last peak, here the first step's: the steps' own A goes off the device from
+// the third step (a new job's from its fifth, after the trial's four).
+TEST(Uses, AJobRunAgainPlacesAsItsLastRunsTrialLeftItFromItsFirstRequest) {
+  for (const auto& [planned_ns, kept] : {std::pair<int64_t, bool>{94'000'000, true}, {96'000'000, false}}) {
+    Job last(true, 64 * mib);
+    last.uses().try_bring_in();
+    for (int i = 0; i < ordered_steps; ++i) last.step(i == 2 ? 100'000'000 : 150'000'000);
+    for (int i = 0; i < 3; ++i) last.step(planned_ns);
+    ASSERT_EQ(last.uses().plans(0), kept);
+    const std::string text = last.uses().remembered();
+    EXPECT_NE(text.find(kept ? "device 0 kept untried " : "device 0 dropped untried "), std::string::npos) << text;
+
+    Job again(true, 64 * mib);
+    again.uses().try_bring_in();
+    ASSERT_TRUE(again.uses().remember(text)) << text;
+    EXPECT_EQ(again.uses().plans(0), kept);
+    const Off placed = kept ? Off{128 * mib, 0, 0} : Off{0, 0, 0};
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(again.step(), (Off{0, 0, 0})) << planned_ns << " ns, step " << i;
+    for (int i = 2; i < 5; ++i) EXPECT_EQ(again.step(), placed) << planned_ns << " ns, step " << i;
+    const std::string report = again.uses().report();
+    EXPECT_NE(report.find(kept ? "trial=kept ordered_step_ms=100.0" : "trial=dropped ordered_step_ms=100.0"),
+              std::string::npos) << report;
+    EXPECT_NE(report.find(" remembered=1"), std::string::npos) << report;
+    // A dropped plan's run goes on to bringing in's trial at its first timed step.
+    EXPECT_NE(report.find(kept ? " bring_in=untried " : " bring_in=trying "), std::string::npos) << report;
+    // The new run's figures join the old ones.
+    const std::string next = again.uses().remembered();
+    EXPECT_NE(next, text);
+    EXPECT_EQ(next.substr(0, next.find("\nkind ")), text.substr(0, text.find("\nkind "))) << next;
+  }
+}
+
+// What has no verdict is not written, and a text that is not a plan is not
+// taken: the job then starts on trial, as without one.
+TEST(Uses, APlanWithoutAVerdictOrNotAPlanLeavesTheTrialToRun) {
+  Job early(true, 64 * mib);
+  for (int i = 0; i < ordered_steps; ++i) early.step();
+  EXPECT_EQ(early.uses().remembered(), "gmem plan v1\n");
+  const std::string bad[] = {"", "gmem plan v2\n", "gmem plan v1\ndevice 0 kept untried 1 2 3\n",
+                             "gmem plan v1\ndevice 0 planned untried 1 2 3 4\n",
+                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nkind 5 1 128 1 1 1 0 0\n",
+                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 2 1 0\n",
+                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nwhat\n"};
+  for (const std::string& text : bad) {
+    Job job(true, 64 * mib);
+    EXPECT_FALSE(job.uses().remember(text)) << text;
+    EXPECT_FALSE(job.uses().plans(0)) << text;
+    for (int i = 0; i < ordered_steps; ++i) EXPECT_EQ(job.step(), (Off{0, 0, 0})) << text << " step " << i;
+    EXPECT_TRUE(job.uses().plans(0)) << "the trial runs: " << text;
+  }
+  Job figures_only(false, 64 * mib);
+  EXPECT_FALSE(figures_only.uses().remember("gmem plan v1\ndevice 0 kept untried 1 2 3 4\n"));
 }
 
 // Eviction (evict:tried) is tried once the plan's trial has ended: two steps
