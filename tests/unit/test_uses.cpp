@@ -426,7 +426,7 @@ TEST(Uses, TrialsTimingTheSameStepsEachKeepTheirOwn) {
 // B) are kinds of their own; and the kinds planned are those alive at the
 // last peak, here the first step's: the steps' own A goes off the device from
 // the third step (a new job's from its fifth, after the trial's four).
-TEST(Uses, AJobRunAgainPlacesAsItsLastRunsTrialLeftItFromItsFirstRequest) {
+TEST(Uses, AJobRunAgainPlacesAsItsLastRunsTrialLeftItWithNoTrial) {
   for (const auto& [planned_ns, kept] : {std::pair<int64_t, bool>{94'000'000, true}, {96'000'000, false}}) {
     Job last(true, 64 * mib);
     last.uses().try_bring_in();
