@@ -196,8 +196,12 @@ Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, Off
   }
   m.holders = static_cast<uint32_t>(holders.size());
   m.off_device = range->spilled_bytes();
-  if (m.off_device < off.least || m.off_device > off.most) return m.why = Why::placed, m;
-  m.why = m.held ? Why::held : ready(*range, stream) ? Why::untold : Why::waiting;
+  const bool waiting = !m.held && !ready(*range, stream);
+  if (m.off_device < off.least || m.off_device > off.most) {
+    m.waiting = waiting;
+    return m.why = Why::placed, m;
+  }
+  m.why = m.held ? Why::held : waiting ? Why::waiting : Why::untold;
   return m;
 }
 

@@ -40,6 +40,8 @@ void Recall::unserve(uint64_t id) {
 }
 
 std::string Recall::Missed::text() const {
+  const std::string in_use = std::to_string(held) + " bytes (" + std::to_string(held_off) +
+                             " off the device) in use through " + std::to_string(holders) + " other ranges";
   switch (why) {
     case Why::untold:
       return "";
@@ -48,10 +50,11 @@ std::string Recall::Missed::text() const {
     case Why::live:
       return "the request's last range served another allocation";
     case Why::placed:
-      return "the request's last range had " + std::to_string(off_device) + " bytes off the device";
+      // What else would have kept it from serving.
+      return "the request's last range had " + std::to_string(off_device) + " bytes off the device" +
+             (held ? ", and " + in_use : waiting ? ", and was not yet free on its stream" : "");
     case Why::held:
-      return "the request's last range had " + std::to_string(held) + " bytes (" + std::to_string(held_off) +
-             " off the device) in use through " + std::to_string(holders) + " other ranges";
+      return "the request's last range had " + in_use;
     case Why::waiting:
       return "the request's last range was free, but not yet on its stream";
     case Why::remade:

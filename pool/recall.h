@@ -51,8 +51,11 @@ class Recall {
       remade,   // it served, made again over the device's chunks idle all its last life
     } why = Why::untold;
     std::size_t off_device = 0;          // placed: its bytes off the device
-    std::size_t held = 0, held_off = 0;  // held: the bytes of its chunks in use, of them off the device
-    uint32_t holders = 0;                // held: the ranges using them
+    // held (or placed, where also held): the bytes of its chunks in use, of
+    // them off the device, and the ranges using them.
+    std::size_t held = 0, held_off = 0;
+    uint32_t holders = 0;
+    bool waiting = false;  // placed, where also not free yet on its stream
     // In words ("the request's last range ..."); empty where untold.
     std::string text() const;
   };

@@ -58,4 +58,20 @@ TEST(Recall, TheRangeOfARefusedRequestIsForgotten) {
   EXPECT_EQ(recall.last(key)[1].id, 0u);
 }
 
+// Why a last range did not serve: where placed otherwise, whether it would
+// also have been kept from serving (its chunks in use, or not yet free).
+TEST(Recall, AMissPlacedOtherwiseSaysWhatElseKeptItsRange) {
+  using Why = Recall::Missed::Why;
+  EXPECT_EQ((Recall::Missed{Why::placed, 8 * mib}.text()), "the request's last range had 8388608 bytes off the device");
+  EXPECT_EQ((Recall::Missed{Why::placed, 8 * mib, 2 * mib, 0, 1}.text()),
+            "the request's last range had 8388608 bytes off the device, and 2097152 bytes (0 off the device) in use "
+            "through 1 other ranges");
+  Recall::Missed waiting{Why::placed, 8 * mib};
+  waiting.waiting = true;
+  EXPECT_EQ(waiting.text(),
+            "the request's last range had 8388608 bytes off the device, and was not yet free on its stream");
+  EXPECT_EQ((Recall::Missed{Why::held, 0, 2 * mib, 0, 1}.text()),
+            "the request's last range had 2097152 bytes (0 off the device) in use through 1 other ranges");
+}
+
 }  // namespace
