@@ -168,7 +168,7 @@ pid_t plan_owner = 0;
 void save_plan() {
   if (getpid() != plan_owner) return;
   const std::string text = the_runtime->pool->uses().remembered();
-  if (text.find("\ndevice ") == std::string::npos) return;  // no verdict: the file stays as it was
+  if (text.empty()) return;  // no verdict: the file stays as it was
   const std::string& path = the_runtime->config.plan_file.path;
   const std::string temporary = path + ".tmp." + std::to_string(getpid());
   std::ofstream out(temporary, std::ios::trunc);

@@ -395,12 +395,13 @@ int index_of(const char* const (&names)[N], const std::string& name) {
 
 std::string Uses::remembered() const {
   std::lock_guard lock(mutex_);
-  std::ostringstream out;
-  out << remembered_header << "\n";
   auto judged = [&](int device) {
     const auto it = devices_.find(device);
     return it != devices_.end() && (it->second.trial == Trial::kept || it->second.trial == Trial::dropped);
   };
+  if (std::none_of(devices_.begin(), devices_.end(), [&](const auto& d) { return judged(d.first); })) return "";
+  std::ostringstream out;
+  out << remembered_header << "\n";
   for (const auto& [device, d] : devices_) {
     if (!judged(device)) continue;
     const BringInTrial bring_in = d.bring_in == BringInTrial::trying ? BringInTrial::untried : d.bring_in;
@@ -444,12 +445,10 @@ bool Uses::remember(const std::string& text) {
       std::size_t at_peak = 0;
       fields >> id >> k.device >> k.size >> k.figures.allocations >> k.figures.launches >> k.figures.passes >>
           k.figures.host_bytes >> at_peak;
-      k.peak.resize(fields ? std::min(at_peak, std::size_t(max_kinds)) : 0);
+      if (!fields || at_peak > max_kinds) return false;
+      k.peak.resize(at_peak);
       for (uint32_t& number : k.peak) fields >> number;
-      if (!fields || !id || !devices.count(k.device) || at_peak > max_kinds ||
-          !std::is_sorted(k.peak.begin(), k.peak.end())) {
-        return false;
-      }
+      if (!fields || !id || !devices.count(k.device) || !std::is_sorted(k.peak.begin(), k.peak.end())) return false;
       kinds[id] = std::move(k);
     } else if (!what.empty()) {
       return false;

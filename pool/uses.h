@@ -187,7 +187,8 @@ class Uses {
   std::string report(std::size_t most = 12) const;
 
   // The verdicts of the devices whose plan's trial has ended and the
-  // figures of their kinds, as text for remember().
+  // figures of their kinds, as text for remember(); empty where no trial
+  // has ended (nothing to remember).
   std::string remembered() const;
   // Before the first request, with place_by_use: takes back what
   // remembered() wrote. False, and nothing taken, where `text` is not such.
