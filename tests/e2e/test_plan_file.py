@@ -18,10 +18,11 @@ MIB = 1 << 20
 
 
 def write_trace(path, steps):
-    """`steps` steps of four 96 MiB requests, freed in reverse."""
+    """`steps` steps of four 64 MiB requests (the smallest placing by use
+    follows), freed in reverse."""
     lines = ["# gmem allocation trace v1", "# plan_file's test: steps of large requests"]
     for _ in range(steps):
-        lines += [f"a {k} {96 * MIB} 0" for k in range(4)]
+        lines += [f"a {k} {64 * MIB} 0" for k in range(4)]
         lines += [f"f {k}" for k in reversed(range(4))]
     with open(path, "w") as out:
         out.write("\n".join(lines) + "\n")
@@ -33,15 +34,15 @@ class PlanFile(unittest.TestCase):
         self.dir = tempfile.TemporaryDirectory()
         self.plan = os.path.join(self.dir.name, "job.plan")
         self.trace = os.path.join(self.dir.name, "steps.trace")
-        write_trace(self.trace, 12)
+        write_trace(self.trace, 8)  # enough steps for the trial to reach its verdict
 
     def tearDown(self):
         self.dir.cleanup()
 
     def run_job(self, plan=None, trace=None):
-        """Runs the replay under gmem (a 200 MiB budget of a 1 GiB device for a
-        384 MiB peak); returns its stderr and stdout."""
-        conf = ("pool:vmm,stats_dir:" + self.dir.name + ",device_budget:200M,host_budget:1G,host_prepare:0,"
+        """Runs the replay under gmem (a 130 MiB budget of a 1 GiB device for a
+        256 MiB peak); returns its stderr and stdout."""
+        conf = ("pool:vmm,stats_dir:" + self.dir.name + ",device_budget:130M,host_budget:1G,host_prepare:0,"
                 "place_by_use:1,track_access:1,report:1,plan_file:" + (plan or self.plan))
         env = dict(os.environ, LD_PRELOAD=SHIM, GMEM_REAL_LIBCUDA=EMU, GMEM_EMU_DEVICE_MEMORY="1G", GMEM_CONF=conf)
         run = subprocess.run([REPLAY, "--rounds", "1", trace or self.trace], env=env, capture_output=True,
@@ -62,10 +63,10 @@ class PlanFile(unittest.TestCase):
         self.assertEqual(self.remembered(self.run_job()), 0)
         first = self.read_plan()
         self.assertRegex(first, r"^gmem plan v1\ndevice 0 (kept|dropped) ")
-        self.assertRegex(first, r"\nkind \d+ 0 100663296 ")
+        self.assertRegex(first, r"\nkind \d+ 0 67108864 ")
         self.assertEqual(self.remembered(self.run_job()), 1)
         again = self.read_plan()
-        allocations = [int(re.search(r"\nkind \d+ 0 100663296 (\d+) ", text)[1]) for text in (first, again)]
+        allocations = [int(re.search(r"\nkind \d+ 0 67108864 (\d+) ", text)[1]) for text in (first, again)]
         self.assertGreater(allocations[1], allocations[0])  # this run's figures joined the last's
         self.assertEqual([f for f in os.listdir(self.dir.name) if ".tmp." in f], [])
 
