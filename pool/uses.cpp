@@ -399,15 +399,17 @@ std::string Uses::remembered() const {
     const auto it = devices_.find(device);
     return it != devices_.end() && (it->second.trial == Trial::kept || it->second.trial == Trial::dropped);
   };
-  if (std::none_of(devices_.begin(), devices_.end(), [&](const auto& d) { return judged(d.first); })) return "";
   std::ostringstream out;
   out << remembered_header << "\n";
+  bool any = false;
   for (const auto& [device, d] : devices_) {
     if (!judged(device)) continue;
+    any = true;
     const BringInTrial bring_in = d.bring_in == BringInTrial::trying ? BringInTrial::untried : d.bring_in;
     out << "device " << device << ' ' << trials[int(d.trial)] << ' ' << bring_ins[int(bring_in)] << ' ' << d.lacked
         << ' ' << d.ordered_ns << ' ' << d.planned_ns << ' ' << d.bring_in_ns << "\n";
   }
+  if (!any) return "";  // no trial has ended: nothing to remember
   for (const auto& [id, k] : kinds_) {
     if (!judged(k.device) || !k.figures.allocations) continue;
     out << "kind " << id << ' ' << k.device << ' ' << k.size << ' ' << k.figures.allocations << ' '

@@ -88,5 +88,6 @@ class PlanFile(unittest.TestCase):
         self.run_job(trace=short)
         self.assertFalse(os.path.exists(self.plan))
 
+
 if __name__ == "__main__":
     unittest.main()
