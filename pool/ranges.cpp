@@ -163,14 +163,13 @@ Range* Ranges::take(CachedRanges& cached, CachedRanges::iterator entry) {
   return range;
 }
 
-Range* Ranges::take_recalled(int device, uint64_t key, const Recall::Last& last, StreamId stream, OffDevice off,
+Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off,
                              bool as_placed) {
   for (const Recall::Served& served : last) {
     Range* range = served.base ? at(served.base) : nullptr;
     if (!range || range->id != served.id || range->class_size || range->live) continue;
     const std::size_t spilled = range->spilled_bytes();
-    const bool placed = (as_placed && !range->placed_by_use) || (spilled >= off.least && spilled <= off.most) ||
-                        (key && range->kept_for == key);
+    const bool placed = (as_placed && !range->placed_by_use) || (spilled >= off.least && spilled <= off.most);
     if (!placed || !ready(*range, stream)) continue;
     CachedRanges& cached = cached_[device];
     auto [from, to] = cached.equal_range(range->va.size());

@@ -56,11 +56,6 @@ struct Range {
   bool exported = false;  // CUDA IPC: other processes may map its chunks
   bool moving = false;    // its chunks are being replaced (VmmPool::plan_move)
   bool placed_by_use = false;  // its last request asked for bytes off the device (pool/uses.h)
-  // The request (Recall's key) it was made for where that request's last
-  // range had been turned down for its bytes off the device and it came out
-  // with as many off the device itself: remaking it gains nothing, so it
-  // serves that request again as it is; 0: none.
-  uint64_t kept_for = 0;
   // Whole ranges, while free: the free that kernels may use its addresses
   // before (its chunks may serve others sooner, on the same stream).
   Pending last_free;
@@ -110,10 +105,9 @@ class Ranges {
   // The first of the cached ranges `last` names (pool/recall.h) that is
   // still cached, its chunks all free and reusable on `stream` and its
   // spilled bytes within `off` (with `as_placed`, whatever they are in a
-  // range not placed by use; whatever they are in one kept for `key`, if
-  // not 0), taken out of the cache with its chunks held; else null.
-  Range* take_recalled(int device, uint64_t key, const Recall::Last& last, StreamId stream, OffDevice off,
-                       bool as_placed);
+  // range not placed by use), taken out of the cache with its chunks held;
+  // else null.
+  Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off, bool as_placed);
   // Why the range `served` names does not serve a request on `stream` with `off`.
   Recall::Missed missed(const Recall::Served& served, StreamId stream, OffDevice off);
 

@@ -223,10 +223,9 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   Recall::Last last{};
   if (spills) {
     last = recall.last(key);
-    const uint64_t kept_for = off_device ? 0 : key;
-    r = ranges_.take_recalled(device, kept_for, last, stream, off, false);
-    if (!r && as_placed) r = ranges_.take_recalled(device, kept_for, last, stream, off, true);
-    if (!r && device_short()) r = ranges_.take_recalled(device, kept_for, last, stream, OffDevice::any(), false);
+    r = ranges_.take_recalled(device, last, stream, off, false);
+    if (!r && as_placed) r = ranges_.take_recalled(device, last, stream, off, true);
+    if (!r && device_short()) r = ranges_.take_recalled(device, last, stream, OffDevice::any(), false);
   }
   if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
@@ -251,18 +250,9 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     ++b.work.hits;
   } else {
     ++b.work.misses;
-    const Recall::Missed& missed = missed_[device] = ranges_.missed(last[0], stream, off);
+    missed_[device] = ranges_.missed(last[0], stream, off);
     if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
     r->blocks.resize(1);
-    // Turned down for its bytes off the device alone, where the new range
-    // has as many (within a 64th): the free device chunks the pool counted
-    // were of ranges due later, or too many parts. Remade every step, the
-    // GCN's peak tensor on an H200 cost 1.1 s of each 6.5 s step this way,
-    // the GPU idle (docs/results.md); the new range serves it from now on.
-    if (missed.why == Recall::Missed::Why::placed && !missed.held && !missed.waiting && !off_device &&
-        r->spilled_bytes() + rounded / 64 >= missed.off_device) {
-      r->kept_for = key;
-    }
   }
   r->last_use = pieces_.hand_out();
   r->placed_by_use = off_device > 0;

@@ -372,43 +372,6 @@ TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne
   ASSERT_EQ(pool.free(off.base), CUDA_SUCCESS);
 }
 
-// A request whose last range lies partly off the device gets a range made
-// anew while the device's free chunks could hold it, as they count; but made
-// with as much off the device (here the free chunk is a larger range's,
-// which a pool that may still grow keeps whole: a 1.0 headroom), the new
-// range serves the request from then on, as it is, rather than be made
-// again every step. R (64 MiB) finds B's free 256 MiB chunk beside a live A
-// filling the rest of the 1 GiB device, once the device spills (X).
-TEST_F(Steps, ARangeRemadeForNoGainServesItsRequestAsItIs) {
-  VmmPool pool{driver, nullptr, 1.0, &tiers};
-  Block a, b, x;
-  ASSERT_EQ(pool.alloc(&a, 768 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-  ASSERT_EQ(pool.alloc(&b, 256 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-  ASSERT_EQ(pool.alloc(&x, 128 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-  ASSERT_TRUE(tiers.spilled(0));
-  ASSERT_EQ(pool.free(b.base), CUDA_SUCCESS);
-  ASSERT_EQ(pool.free(x.base), CUDA_SUCCESS);
-  auto request = [&] {
-    Block r;
-    EXPECT_EQ(pool.alloc(&r, 64 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-    const Split split = tiers.split(r.base, r.size);
-    EXPECT_EQ(pool.free(r.base), CUDA_SUCCESS);
-    return std::make_pair(r.base, split.host);
-  };
-  const auto first = request();
-  EXPECT_EQ(first.second, 64 * MiB) << "R on the host, B's chunk kept whole";
-  const uint64_t misses = pool.work(0).misses;
-  const auto second = request();  // turned down for its bytes off the device
-  EXPECT_EQ(pool.work(0).misses, misses + 1);
-  EXPECT_NE(second.first, first.first);
-  EXPECT_EQ(second.second, 64 * MiB) << "made anew, as much off the device";
-  const uint64_t maps = accounting::accounts.maps;
-  for (int step = 2; step < 5; ++step) EXPECT_EQ(request(), second) << "step " << step;
-  EXPECT_EQ(pool.work(0).misses, misses + 1);
-  EXPECT_EQ(accounting::accounts.maps, maps);
-  ASSERT_EQ(pool.free(a.base), CUDA_SUCCESS);
-}
-
 // Steps end where the bytes asked for come back to their peak, whatever
 // memory serves them: a range larger than its request counts whole in what
 // is used, so once requests are served closer to their size (here a request
