@@ -43,54 +43,66 @@ void Stitcher::take_free(int device, std::size_t size, StreamId stream, bool may
     return nullptr;
   };
   auto of_kind = [&](const Piece& p) { return tier == Tier::any || p.spilled == (tier == Tier::spilled); };
-  auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream); };
-  auto spilled_ready = [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream); };
+  // First without the chunks of the ranges spared, then with them.
+  bool sparing = spare_ && !spare_->empty();
+  auto spared = [&](const Piece& p) {
+    return sparing && std::any_of(p.ranges.begin(), p.ranges.end(), [&](const Range* r) { return spare_->count(r); });
+  };
+  auto reusable = [&](Piece& p) { return of_kind(p) && order_.ready(p.pending, stream) && !spared(p); };
+  auto spilled_ready = [&](Piece& p) { return p.spilled && order_.ready(p.pending, stream) && !spared(p); };
   std::size_t on_device = device_parts(*parts);
-  while (*covered < size) {
-    const std::size_t need = size - *covered;
-    auto fits = free.lower_bound({need, 0});
-    auto too_big = free.upper_bound({need + slack, UINT64_MAX});
-    // The smallest chunk that covers the rest within the slack (a spilled one:
-    // no larger than the host chunk that would be pinned for it); else, while
-    // the range may take more parts, the largest smaller one (spilled ones
-    // are units: a range takes as many as it needs); else the smallest larger
-    // one, made again at the size needed (unless the pool may grow: new
-    // memory then serves the rest and no cached range is lost).
-    Piece* piece = first(fits, too_big, reusable);
-    if (const std::size_t as_new = !piece && spilled_too && tiers_ ? tiers_->host_chunk(device, need) : 0;
-        as_new > need + slack) {
-      piece = first(too_big, free.upper_bound({as_new, UINT64_MAX}), spilled_ready);
+  auto fill = [&] {
+    while (*covered < size) {
+      const std::size_t need = size - *covered;
+      auto fits = free.lower_bound({need, 0});
+      auto too_big = free.upper_bound({need + slack, UINT64_MAX});
+      // The smallest chunk that covers the rest within the slack (a spilled one:
+      // no larger than the host chunk that would be pinned for it); else, while
+      // the range may take more parts, the largest smaller one (spilled ones
+      // are units: a range takes as many as it needs); else the smallest larger
+      // one, made again at the size needed (unless the pool may grow: new
+      // memory then serves the rest and no cached range is lost).
+      Piece* piece = first(fits, too_big, reusable);
+      if (const std::size_t as_new = !piece && spilled_too && tiers_ ? tiers_->host_chunk(device, need) : 0;
+          as_new > need + slack) {
+        piece = first(too_big, free.upper_bound({as_new, UINT64_MAX}), spilled_ready);
+      }
+      auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || on_device + 1 < most_parts); };
+      if (!piece && (spilled_too || on_device + 1 < most_parts)) {
+        piece = first(std::make_reverse_iterator(fits), free.rend(), smaller);
+      }
+      bool split = !piece && !may_grow && tier != Tier::spilled;
+      // A device chunk is made again only once nothing may use it or the ranges
+      // it is mapped in: rather than grow beyond the headroom, the pool waits for that.
+      auto splittable = [&](Piece& p, bool wait) { return !p.spilled && !spared(p) && ranges_.droppable(p, wait); };
+      if (split) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, false); });
+      if (split && !piece) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, true); });
+      // A spilled chunk is never made again (unpinning and pinning host memory
+      // again costs about 1 s per 3 GB): one too big serves whole rather than
+      // a new one be pinned.
+      if (!piece && spilled_too) {
+        piece = first(too_big, free.end(), spilled_ready);
+        split = false;
+      }
+      if (!piece) break;
+      const std::size_t bytes = piece->memory.size();
+      pieces_.choose(*piece);
+      if (split) {
+        ranges_.drop(*piece);
+        Piece *part = nullptr, *rest = nullptr;
+        if (pieces_.make(device, need, Pieces::Where::device, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
+        if (pieces_.make(device, bytes - part->memory.size(), Pieces::Where::device, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
+        piece = part;
+      }
+      *covered += piece->memory.size();
+      on_device += !piece->spilled;
+      parts->push_back(piece);
     }
-    auto smaller = [&](Piece& p) { return reusable(p) && (p.spilled || on_device + 1 < most_parts); };
-    if (!piece && (spilled_too || on_device + 1 < most_parts)) {
-      piece = first(std::make_reverse_iterator(fits), free.rend(), smaller);
-    }
-    bool split = !piece && !may_grow && tier != Tier::spilled;
-    // A device chunk is made again only once nothing may use it or the ranges
-    // it is mapped in: rather than grow beyond the headroom, the pool waits for that.
-    auto splittable = [&](Piece& p, bool wait) { return !p.spilled && ranges_.droppable(p, wait); };
-    if (split) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, false); });
-    if (split && !piece) piece = first(too_big, free.end(), [&](Piece& p) { return splittable(p, true); });
-    // A spilled chunk is never made again (unpinning and pinning host memory
-    // again costs about 1 s per 3 GB): one too big serves whole rather than
-    // a new one be pinned.
-    if (!piece && spilled_too) {
-      piece = first(too_big, free.end(), spilled_ready);
-      split = false;
-    }
-    if (!piece) break;
-    const std::size_t bytes = piece->memory.size();
-    pieces_.choose(*piece);
-    if (split) {
-      ranges_.drop(*piece);
-      Piece *part = nullptr, *rest = nullptr;
-      if (pieces_.make(device, need, Pieces::Where::device, &part) != CUDA_SUCCESS) continue;  // the memory went elsewhere
-      if (pieces_.make(device, bytes - part->memory.size(), Pieces::Where::device, &rest) == CUDA_SUCCESS) pieces_.set_free(*rest);
-      piece = part;
-    }
-    *covered += piece->memory.size();
-    on_device += !piece->spilled;
-    parts->push_back(piece);
+  };
+  fill();
+  if (sparing && *covered < size) {
+    sparing = false;
+    fill();
   }
 }
 

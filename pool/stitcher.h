@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <unordered_set>
 #include <vector>
 
 #include "pool/ranges.h"
@@ -43,6 +44,9 @@ class Stitcher {
   // new peer and host memory first (as far as the tiers have room), the rest
   // from the device as usual.
   CUresult stitch(std::size_t size, int device, StreamId stream, std::size_t off_device, Range** out);
+  // Free ranges whose chunks stitches take only where no others serve (null:
+  // none): the ranges due to serve later in a step that repeats (VmmPool).
+  void spare(const std::unordered_set<const Range*>* ranges) { spare_ = ranges; }
   // `old`, a range just taken to serve the request it served last, partly
   // off the device, made again with the device's chunks that were free all
   // through its last life (Range::idle_in_life) and are free and reusable on
@@ -89,6 +93,7 @@ class Stitcher {
   Tiers* const tiers_;
   const double headroom_;
   const std::function<void(int)> reclaim_;
+  const std::unordered_set<const Range*>* spare_ = nullptr;
 };
 
 }  // namespace gmem::pool

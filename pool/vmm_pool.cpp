@@ -3,6 +3,7 @@
 #include "pool/vmm_pool.h"
 
 #include <algorithm>
+#include <unordered_set>
 #include <utility>
 
 namespace gmem::pool {
@@ -117,6 +118,8 @@ void VmmPool::end_step(int device) {
     steps.peak_free_device = free_device_bytes(device);
   }
   if (!steps.ends.ended(b.figures.asked, b.peak_asked)) return;
+  steps.before = std::exchange(steps.served, {});
+  steps.diverged = false;
   b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
   b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
   b.figures.step_peak_free_device = std::exchange(steps.peak_free_device, 0);
@@ -221,7 +224,17 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   const bool as_placed = spills && !off_device && tiers_->held(device).peer;
   Range* r = nullptr;
   Recall::Last last{};
-  if (spills) {
+  // Where steps repeat, what served the same request of the last step (recall_by_step).
+  Steps& steps = steps_[device];
+  const std::size_t k = steps.served.size();
+  const bool repeats = recall_by_step_ && spills && !steps.diverged && k < steps.before.size() &&
+                       steps.before[k].rounded == rounded;
+  steps.diverged |= spills && !repeats && k < steps.before.size();
+  if (repeats) {
+    r = ranges_.take_recalled(device, Recall::Last{steps.before[k].served}, stream,
+                              off_device ? off : OffDevice::any(), false);
+  }
+  if (spills && !r) {
     last = recall.last(key);
     r = ranges_.take_recalled(device, last, stream, off, false);
     if (!r && as_placed) r = ranges_.take_recalled(device, last, stream, off, true);
@@ -251,13 +264,23 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   } else {
     ++b.work.misses;
     missed_[device] = ranges_.missed(last[0], stream, off);
-    if (CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r)) return status;
+    // The free ranges that serve the step's later requests, kept whole where others serve.
+    std::unordered_set<const Range*> due;
+    for (std::size_t j = k + 1; repeats && j < steps.before.size(); ++j) {
+      const Range* d = ranges_.at(steps.before[j].served.base);
+      if (d && d->id == steps.before[j].served.id && !d->live) due.insert(d);
+    }
+    stitcher_.spare(&due);
+    const CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r);
+    stitcher_.spare(nullptr);
+    if (status != CUDA_SUCCESS) return status;
     r->blocks.resize(1);
   }
   r->last_use = pieces_.hand_out();
   r->placed_by_use = off_device > 0;
   r->served_key = key;
   recall.served(key, rounded, {r->va.base(), r->id});
+  if (recall_by_step_ && spills && k < max_step_requests) steps.served.push_back({rounded, {r->va.base(), r->id}});
   *range = r;
   return CUDA_SUCCESS;
 }

@@ -45,6 +45,13 @@ class VmmPool {
   VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom,
           Tiers* tiers = nullptr);
   static constexpr double default_headroom = 1.0 / 64;
+  // recall_steps: while a device spills and a step's requests repeat the
+  // last step's (their sizes, in order), each request takes the range that
+  // served the same request of the last step, however it lies, and a range
+  // made for one takes the free chunks of the ranges the step's later
+  // requests had last, only where no others serve. Set before use.
+  void recall_by_step(bool on) { recall_by_step_ = on; }
+  static constexpr std::size_t max_step_requests = 1 << 16;  // a step's requests recalled so, at most
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
   // `quiet`: a stream capture is under way, which a query of an event or a
@@ -341,8 +348,16 @@ class VmmPool {
     bool gave_back_free_at_peaks = false;  // at the last end
     bool keep_free_at_peaks = false;       // once the step after that made spilled chunks
     std::size_t peak_used = 0, peak_reserved = 0, peak_free_device = 0;  // of the step under way
+    // The step's whole-range requests so far, and the last step's (recall_by_step).
+    struct Request {
+      std::size_t rounded = 0;
+      Recall::Served served;
+    };
+    std::vector<Request> served, before;
+    bool diverged = false;  // this step's requests are not the last step's
   };
   PerDevice<Steps> steps_;
+  bool recall_by_step_ = false;
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };
 

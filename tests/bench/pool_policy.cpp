@@ -4,7 +4,7 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--scale F]
+//               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
 //               [--max-steady-cached-free F] [--own-cost] TRACE...
@@ -51,6 +51,7 @@
 // more in host memory and the device has room (as bring_in:always does, after a
 // synchronization, by the mover's copy and remap; each copy adds its bytes at
 // 51 GB/s to the clock), and --per-step says how many ranges each step brought in.
+// --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step).
 // --scale F replays every request of 1 MiB or more F times as large: the
 // recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
@@ -82,7 +83,7 @@ double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, place_by_use = false, bring_in_always = false;
+bool per_step = false, place_by_use = false, bring_in_always = false, recall_steps = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int misses_from = INT32_MAX;
@@ -147,6 +148,7 @@ int replay(const std::string& path) {
   std::optional<gmem::pool::Tiers> tiers;
   if (host_memory || peer_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
   gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);
+  pool.recall_by_step(recall_steps);
   // With --place-by-use: what launches reference, fed from the use lines, and
   // the placement learned from it; time is what the launches' passes take.
   std::optional<gmem::pool::AccessTable> table;
@@ -422,6 +424,8 @@ int main(int argc, char** argv) {
       per_step = true;
     } else if (a == "--place-by-use") {
       place_by_use = true;
+    } else if (a == "--recall-steps") {
+      recall_steps = true;
     } else if (a == "--scale" && i + 1 < argc) {
       scale = std::strtod(argv[++i], nullptr);
       if (!(scale > 0)) {

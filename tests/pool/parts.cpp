@@ -3,6 +3,8 @@
 // the rest of the pool or a device.
 #include <gtest/gtest.h>
 
+#include <unordered_set>
+
 #include "accounting_driver.h"
 #include "pool/access.h"
 #include "pool/evictor.h"
@@ -215,6 +217,34 @@ TEST_F(Parts, StitcherMakesAFarTooBigPieceAgainRatherThanGrowBeyondItsPeak) {
   EXPECT_EQ(books[0].figures.reserved, 32 * MiB);
   EXPECT_EQ(pieces.largest_free(0), 28 * MiB);
   EXPECT_EQ(accounting::accounts.releases, 1u);
+}
+
+// The free chunks of the ranges spared (those due later in a step that
+// repeats: VmmPool::recall_by_step) serve a stitch only where no others do.
+TEST_F(Parts, StitcherTakesTheChunksOfSparedRangesOnlyWhereNoOthersServe) {
+  auto cached = [&](std::size_t size) {
+    Range* r = nullptr;
+    EXPECT_EQ(ranges.map({make(size)}, 0, &r), CUDA_SUCCESS);
+    r->blocks.resize(1);
+    ranges.cache(*r);
+    for (Piece* p : r->pieces) pieces.set_free(*p);
+    return r;
+  };
+  books[0].peak_used = 12 * MiB;  // holding 12 MiB: no room to grow
+  Range* due = cached(4 * MiB);
+  Range* other = cached(4 * MiB);
+  Range* due_too = cached(4 * MiB);
+  const std::unordered_set<const Range*> spared{due, due_too};
+  stitcher.spare(&spared);
+  Range* r = nullptr;
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
+  ASSERT_EQ(r->pieces.size(), 1u);
+  EXPECT_EQ(r->pieces[0], other->pieces[0]);
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);  // none other left
+  ASSERT_EQ(r->pieces.size(), 1u);
+  EXPECT_TRUE(r->pieces[0] == due->pieces[0] || r->pieces[0] == due_too->pieces[0]);
+  stitcher.spare(nullptr);
+  EXPECT_EQ(accounting::accounts.creates, 3u);  // nothing new
 }
 
 TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
