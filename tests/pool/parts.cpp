@@ -40,6 +40,15 @@ struct Parts : ::testing::Test {
     pieces.set_free(*p);
     return p;
   }
+  // A cached range of one new chunk of `size`, free.
+  Range* cached(std::size_t size) {
+    Range* r = nullptr;
+    EXPECT_EQ(ranges.map({make(size)}, 0, &r), CUDA_SUCCESS);
+    r->blocks.resize(1);
+    ranges.cache(*r);
+    for (Piece* p : r->pieces) pieces.set_free(*p);
+    return r;
+  }
   Pending freed_on(StreamId stream) {
     Pending p;
     EXPECT_EQ(order.record({nullptr, stream}, &p), CUDA_SUCCESS);
@@ -119,14 +128,6 @@ TEST_F(Parts, RangesFindEveryAddressOfARangeAndHoldItsPieces) {
 }
 
 TEST_F(Parts, CachedRangesServeTheSmallestSizeOldestFirstAndOnlyWithAllPiecesFree) {
-  auto cached = [&](std::size_t size) {
-    Range* r = nullptr;
-    EXPECT_EQ(ranges.map({make(size)}, 0, &r), CUDA_SUCCESS);
-    r->blocks.resize(1);
-    ranges.cache(*r);
-    for (Piece* p : r->pieces) pieces.set_free(*p);
-    return r;
-  };
   Range* large = cached(8 * MiB);
   Range* old = cached(4 * MiB);
   Range* young = cached(4 * MiB);
@@ -222,14 +223,6 @@ TEST_F(Parts, StitcherMakesAFarTooBigPieceAgainRatherThanGrowBeyondItsPeak) {
 // The free chunks of the ranges spared (those due later in a step that
 // repeats: VmmPool::recall_by_step) serve a stitch only where no others do.
 TEST_F(Parts, StitcherTakesTheChunksOfSparedRangesOnlyWhereNoOthersServe) {
-  auto cached = [&](std::size_t size) {
-    Range* r = nullptr;
-    EXPECT_EQ(ranges.map({make(size)}, 0, &r), CUDA_SUCCESS);
-    r->blocks.resize(1);
-    ranges.cache(*r);
-    for (Piece* p : r->pieces) pieces.set_free(*p);
-    return r;
-  };
   books[0].peak_used = 12 * MiB;  // holding 12 MiB: no room to grow
   Range* due = cached(4 * MiB);
   Range* other = cached(4 * MiB);
