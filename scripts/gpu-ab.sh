@@ -4,8 +4,10 @@
 # .carry/ (scripts/pack-gpu.sh) and variants packed beside it
 # (scripts/pack-gpu.sh --variant NAME, into .carry/NAME/).
 #   bash scripts/gpu-ab.sh [--host-pool SIZE] NAME VARIANTS SPILL_TRAIN_ARGS...
-# VARIANTS is a comma list; "base" is .carry/libcuda.so.1. For each variant V
-# in turn it runs
+# VARIANTS is a comma list; "base" is .carry/libcuda.so.1. A variant may add
+# GMEM_CONF settings to --conf's after a '+' (base+recall_steps=1: the base
+# build with recall_steps:1; '=' stands for ':' in them, so that V names
+# files). For each variant V in turn it runs
 #   python3 tests/gpu/spill_train.py --shim LIB --out $OUT/NAME-V SPILL_TRAIN_ARGS...
 # with stdout and stderr in $OUT/NAME-V.txt ($OUT: /tmp/gmem-ab if unset), and
 # prints the BENCH lines of each (and the evictor's report line, with
@@ -38,12 +40,28 @@ shift 2
 out=${OUT:-/tmp/gmem-ab}
 mkdir -p "$out"
 carry=$PWD/.carry
-# shim_of VARIANT: the path of its libcuda.so.1.
-shim_of() { if [ "$1" = base ]; then echo "$carry/libcuda.so.1"; else echo "$carry/$1/libcuda.so.1"; fi; }
+# shim_of VARIANT: the path of its build's libcuda.so.1.
+shim_of() {
+  local build=${1%%+*}
+  if [ "$build" = base ]; then echo "$carry/libcuda.so.1"; else echo "$carry/$build/libcuda.so.1"; fi
+}
 IFS=, read -ra list <<<"$variants"
 for v in "${list[@]}"; do
-  [ -f "$(shim_of "$v")" ] || { echo "gpu-ab: no $(shim_of "$v"): pack it (scripts/pack-gpu.sh, --variant $v)" >&2; exit 2; }
+  [[ $v =~ ^[A-Za-z0-9_.-]+(\+[A-Za-z0-9_.=%-]+)*$ ]] || { echo "gpu-ab: bad variant '$v'" >&2; exit 2; }
+  [ -f "$(shim_of "$v")" ] || { echo "gpu-ab: no $(shim_of "$v"): pack it (scripts/pack-gpu.sh, --variant ${v%%+*})" >&2; exit 2; }
 done
+# args_of VARIANT: SPILL_TRAIN_ARGS with the variant's settings added to --conf's.
+args_of() {
+  local extra="" a conf=0 given=0
+  [[ $1 == *+* ]] && extra=$(tr '+=' ',:' <<<"${1#*+}")
+  for a in "${args[@]}"; do
+    if [ $conf = 1 ]; then a="$a,$extra"; a=${a#,}; a=${a%,}; conf=0; given=1; fi
+    [ "$a" = --conf ] && [ -n "$extra" ] && conf=1
+    printf '%s\0' "$a"
+  done
+  [ -n "$extra" ] && [ $given = 0 ] && printf '%s\0' --conf "$extra"
+  return 0
+}
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -63,9 +81,11 @@ if [ "$pool" != 0 ] && ! pgrep -x gmemd >/dev/null; then
 fi
 
 failed=0
+args=("$@")
 for v in "${list[@]}"; do
   started=$SECONDS
-  python3 tests/gpu/spill_train.py --shim "$(shim_of "$v")" --out "$out/$name-$v" "$@" >"$out/$name-$v.txt" 2>&1
+  mapfile -d '' run_args < <(args_of "$v")
+  python3 tests/gpu/spill_train.py --shim "$(shim_of "$v")" --out "$out/$name-$v" "${run_args[@]}" >"$out/$name-$v.txt" 2>&1
   rc=$?
   echo "== $name-$v: rc $rc, $((SECONDS - started)) s ($out/$name-$v.txt)"
   grep -E '^BENCH|^gmem: report evictor' "$out/$name-$v.txt"
