@@ -233,6 +233,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   if (repeats) {
     r = ranges_.take_recalled(device, Recall::Last{steps.before[k].served}, stream,
                               off_device ? off : OffDevice::any(), false);
+    b.work.step_recalls += r != nullptr;
   }
   if (spills && !r) {
     last = recall.last(key);

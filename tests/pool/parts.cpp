@@ -395,6 +395,37 @@ TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne
   ASSERT_EQ(pool.free(off.base), CUDA_SUCCESS);
 }
 
+// With recall_by_step, once the device spills and a step's requests repeat
+// the last step's, each request takes the range the same request had then,
+// and no range is made.
+TEST_F(Steps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
+  pool.recall_by_step(true);
+  auto step = [&] {
+    std::vector<CUdeviceptr> served;
+    Block a, b, c;
+    EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(pool.alloc(&c, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // past the 1 GiB device
+    EXPECT_EQ(pool.free(b.base), CUDA_SUCCESS);
+    Block d;
+    EXPECT_EQ(pool.alloc(&d, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // c's size, c live
+    for (const Block* x : {&a, &c, &d}) EXPECT_EQ(pool.free(x->base), CUDA_SUCCESS);
+    return std::vector<CUdeviceptr>{a.base, b.base, c.base, d.base};
+  };
+  step();
+  ASSERT_TRUE(tiers.spilled(0));
+  step();
+  std::vector<CUdeviceptr> before = step();
+  const uint64_t misses = pool.work(0).misses, recalls = pool.work(0).step_recalls;
+  for (int s = 3; s < 6; ++s) {
+    const std::vector<CUdeviceptr> now = step();
+    EXPECT_EQ(now, before) << "step " << s;
+    before = now;
+  }
+  EXPECT_EQ(pool.work(0).misses, misses);
+  EXPECT_EQ(pool.work(0).step_recalls, recalls + 3 * 4);
+}
+
 // Steps end where the bytes asked for come back to their peak, whatever
 // memory serves them: a range larger than its request counts whole in what
 // is used, so once requests are served closer to their size (here a request
