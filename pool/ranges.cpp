@@ -52,6 +52,11 @@ Range* Ranges::at(CUdeviceptr base) const {
   return it == ranges_.end() ? nullptr : it->second.get();
 }
 
+Range* Ranges::at(const Recall::Served& served) const {
+  Range* range = served.base ? at(served.base) : nullptr;
+  return range && range->id == served.id ? range : nullptr;
+}
+
 CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   auto range = std::make_unique<Range>();
   range->device = device;
@@ -166,8 +171,8 @@ Range* Ranges::take(CachedRanges& cached, CachedRanges::iterator entry) {
 Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off,
                              bool as_placed) {
   for (const Recall::Served& served : last) {
-    Range* range = served.base ? at(served.base) : nullptr;
-    if (!range || range->id != served.id || range->class_size || range->live) continue;
+    Range* range = at(served);
+    if (!range || range->class_size || range->live) continue;
     const std::size_t spilled = range->spilled_bytes();
     const bool placed = (as_placed && !range->placed_by_use) || (spilled >= off.least && spilled <= off.most);
     if (!placed || !ready(*range, stream)) continue;
@@ -184,8 +189,8 @@ Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, Off
   using Why = Recall::Missed::Why;
   Recall::Missed m;
   if (!served.base) return m;
-  Range* range = at(served.base);
-  if (!range || range->id != served.id) return m.why = Why::gone, m;
+  Range* range = at(served);
+  if (!range) return m.why = Why::gone, m;
   if (range->live) return m.why = Why::live, m;
   std::vector<const Range*> holders;
   for (const Piece* p : range->pieces) {

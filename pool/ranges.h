@@ -90,6 +90,9 @@ class Ranges {
   const Range* find(CUdeviceptr ptr) const;
   // The range starting at `base`; null if none.
   Range* at(CUdeviceptr base) const;
+  // The range `served` names, while it is still that one (not unmapped, nor
+  // another made at its base since); null if none.
+  Range* at(const Recall::Served& served) const;
 
   // A free whole range joins the cache.
   void cache(Range& range);

@@ -268,8 +268,8 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     // The free ranges that serve the step's later requests, kept whole where others serve.
     std::unordered_set<const Range*> due;
     for (std::size_t j = k + 1; repeats && j < steps.before.size(); ++j) {
-      const Range* d = ranges_.at(steps.before[j].served.base);
-      if (d && d->id == steps.before[j].served.id && !d->live) due.insert(d);
+      const Range* d = ranges_.at(steps.before[j].served);
+      if (d && !d->live) due.insert(d);
     }
     stitcher_.spare(&due);
     const CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r);

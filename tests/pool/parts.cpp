@@ -401,7 +401,6 @@ TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne
 TEST_F(Steps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
   pool.recall_by_step(true);
   auto step = [&] {
-    std::vector<CUdeviceptr> served;
     Block a, b, c;
     EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
     EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
