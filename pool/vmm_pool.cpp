@@ -230,9 +230,9 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   const bool repeats = recall_by_step_ && spills && !steps.diverged && k < steps.before.size() &&
                        steps.before[k].rounded == rounded;
   steps.diverged |= spills && !repeats && k < steps.before.size();
+  const OffDevice as_last_step = off_device ? off : OffDevice::any();
   if (repeats) {
-    r = ranges_.take_recalled(device, Recall::Last{steps.before[k].served}, stream,
-                              off_device ? off : OffDevice::any(), false);
+    r = ranges_.take_recalled(device, Recall::Last{steps.before[k].served}, stream, as_last_step, false);
     b.work.step_recalls += r != nullptr;
   }
   if (spills && !r) {
@@ -264,7 +264,10 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     ++b.work.hits;
   } else {
     ++b.work.misses;
-    missed_[device] = ranges_.missed(last[0], stream, off);
+    // Why the range the request had last did not serve: with recall_by_step,
+    // the one that served the same request of the last step.
+    missed_[device] = repeats ? ranges_.missed(steps.before[k].served, stream, as_last_step)
+                              : ranges_.missed(last[0], stream, off);
     // The free ranges that serve the step's later requests, kept whole where others serve.
     std::unordered_set<const Range*> due;
     for (std::size_t j = k + 1; repeats && j < steps.before.size(); ++j) {
