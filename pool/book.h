@@ -36,6 +36,8 @@ struct Work {
   // Of the hits, those served by the range that served the same request of
   // the last step (VmmPool::recall_by_step).
   uint64_t step_recalls = 0;
+  // Cached ranges made whole again at their addresses (Ranges::repair).
+  uint64_t repairs = 0;
   uint64_t chunks_made = 0, chunks_released = 0, maps = 0, unmaps = 0;
   uint64_t driver_ns = 0;         // time in the driver's VMM calls
   // Of it, mapping new ranges; and the mappings of a range that took over 10 ms.

@@ -87,16 +87,7 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   }
   work.maps += pieces.size();
   for (Piece* p : pieces) {
-    if (p->ranges.size() >= max_ranges_per_piece) {
-      // The least recently used of the ranges it is in that no kernel may
-      // still use goes.
-      Range* lru = nullptr;
-      for (Range* r : p->ranges) {
-        if (order_.complete(r->last_free, false) && (!lru || r->last_use < lru->last_use)) lru = r;
-      }
-      if (lru) unmap(*lru);
-    }
-    p->ranges.push_back(range.get());
+    join(*p, *range);
     pieces_.hold(*p, range.get());
   }
   books_.publish(device, GMEM_STAT_mappings, int64_t(pieces.size()));
@@ -112,6 +103,17 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   }
   ranges_.emplace(range->va.base(), std::move(range));
   return CUDA_SUCCESS;
+}
+
+void Ranges::join(Piece& piece, Range& range) {
+  if (piece.ranges.size() >= max_ranges_per_piece) {
+    Range* lru = nullptr;
+    for (Range* r : piece.ranges) {
+      if (order_.complete(r->last_free, false) && (!lru || r->last_use < lru->last_use)) lru = r;
+    }
+    if (lru) unmap(*lru);
+  }
+  piece.ranges.push_back(&range);
 }
 
 void Ranges::unmap(Range& range) {
@@ -208,6 +210,83 @@ Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, Off
   }
   m.why = m.held ? Why::held : waiting ? Why::waiting : Why::untold;
   return m;
+}
+
+bool Ranges::repair(Range& range, StreamId stream, const std::unordered_set<const Range*>& spared) {
+  if (range.live || range.class_size || !range.shared.empty() || range.exported || range.moving || range.parked()) {
+    return false;
+  }
+  FreePieces& free = pieces_.free(range.device);
+  std::vector<Piece*> chosen;  // replacing chunks, none twice
+  auto usable = [&](Piece& p, const Piece& old) {
+    return p.spilled == old.spilled && p.memory.location() == old.memory.location() && order_.ready(p.pending, stream) &&
+           std::find(p.ranges.begin(), p.ranges.end(), &range) == p.ranges.end() &&
+           std::find(chosen.begin(), chosen.end(), &p) == chosen.end() &&
+           std::none_of(p.ranges.begin(), p.ranges.end(), [&](const Range* r) { return spared.count(r); });
+  };
+  // Each chunk in use elsewhere, with the free ones that take its place: the
+  // largest that fit the rest first, until they add up to its size.
+  std::vector<std::vector<Piece*>> with(range.pieces.size());
+  bool any = false;
+  for (std::size_t i = 0; i < range.pieces.size(); ++i) {
+    Piece& old = *range.pieces[i];
+    if (!old.holder) {
+      if (!order_.ready(old.pending, stream)) return false;
+      continue;
+    }
+    std::size_t rest = old.memory.size();
+    for (auto it = std::make_reverse_iterator(free.upper_bound({rest, UINT64_MAX})); rest && it != free.rend(); ++it) {
+      Piece& p = *it->second;
+      if (p.memory.size() > rest || !usable(p, old)) continue;
+      with[i].push_back(&p);
+      chosen.push_back(&p);
+      rest -= p.memory.size();
+    }
+    if (rest) return false;
+    any = true;
+  }
+  if (!any) return true;
+  Work& work = books_[range.device].work;
+  const std::size_t before = range.pieces.size();
+  std::vector<Piece*> now;  // the range's chunks as they are mapped
+  bool whole = true;
+  {
+    Timer timer(work.driver_ns);
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < before; offset += range.pieces[i++]->memory.size()) {
+      Piece& old = *range.pieces[i];
+      if (with[i].empty() || !whole) {
+        now.push_back(&old);
+        continue;
+      }
+      range.va.unmap(offset, old.memory.size());
+      ++work.unmaps;
+      std::size_t mapped = 0, at = offset;
+      for (; mapped < with[i].size(); at += with[i][mapped++]->memory.size()) {
+        if (range.va.map(at, with[i][mapped]->memory, range.device) != CUDA_SUCCESS) break;
+      }
+      if (mapped < with[i].size()) {
+        // The chunk it had goes back where it was; the rest stays as it is.
+        ++work.map_failed;
+        if (mapped) range.va.unmap(offset, at - offset);
+        range.va.map(offset, old.memory, range.device);
+        now.push_back(&old);
+        whole = false;
+        continue;
+      }
+      work.maps += mapped;
+      std::erase(old.ranges, &range);
+      for (Piece* p : with[i]) {
+        join(*p, range);
+        now.push_back(p);
+      }
+    }
+  }
+  range.pieces = std::move(now);
+  books_.publish(range.device, GMEM_STAT_mappings, int64_t(range.pieces.size()) - int64_t(before));
+  if (before == 1 && range.pieces.size() > 1) books_.publish(range.device, GMEM_STAT_stitched_ranges, 1);
+  work.repairs += whole;
+  return whole;
 }
 
 bool Ranges::droppable(Piece& piece, bool wait) {

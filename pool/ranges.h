@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "pool/access.h"
@@ -113,6 +114,17 @@ class Ranges {
   Range* take_recalled(int device, const Recall::Last& last, StreamId stream, OffDevice off, bool as_placed);
   // Why the range `served` names does not serve a request on `stream` with `off`.
   Recall::Missed missed(const Recall::Served& served, StreamId stream, OffDevice off);
+  // A cached range some of whose chunks are in use through other ranges,
+  // made whole again at its addresses: each such chunk is unmapped and free
+  // chunks of its memory that add up to its size, reusable on `stream`,
+  // mapped in none of `spared` and not in the range already, are mapped in
+  // its place. A range that has served stays at its addresses: where most of
+  // it lies on the host, mapping it anew costs about 3 ms per 256 MiB host
+  // chunk idle and up to 20 times that while copies run (docs/results.md),
+  // against about 0.1 ms per device chunk replaced. True if it is whole (its
+  // chunks all free then); else false, as it was where no free chunks fill a
+  // chunk's place.
+  bool repair(Range& range, StreamId stream, const std::unordered_set<const Range*>& spared);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the
   // frees that keep them are waited for.
@@ -138,6 +150,10 @@ class Ranges {
  private:
   // A range whose mapping takes longer is counted apart (Work::slow_maps).
   static constexpr uint64_t slow_map_ns = 10'000'000;
+  // `piece`, just mapped in `range`, lists it (beyond max_ranges_per_piece,
+  // the least recently used free range it was in that no kernel may still
+  // use is unmapped first).
+  void join(Piece& piece, Range& range);
 
   // Out of the cache, its chunks held.
   Range* take(CachedRanges& cached, CachedRanges::iterator entry);

@@ -62,13 +62,13 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
     snprintf(buf, sizeof buf,
              "gmem: report vmm-pool device=%d reserved_peak=%zu used_peak=%zu step_peak_reserved=%zu step_peak_used=%zu "
              "step_peak_free_device=%zu hits=%" PRIu64 " misses=%" PRIu64 " step_recalls=%" PRIu64
-             " chunks_made=%" PRIu64 " chunks_released=%" PRIu64 " maps=%" PRIu64 " unmaps=%" PRIu64
+             " repairs=%" PRIu64 " chunks_made=%" PRIu64 " chunks_released=%" PRIu64 " maps=%" PRIu64 " unmaps=%" PRIu64
              " driver_us=%" PRIu64 " moved_back=%" PRIu64 " spilled_made=%" PRIu64 " spilled_released=%" PRIu64
              " spill_us=%" PRIu64 " refused=%" PRIu64 " spill_refused=%" PRIu64 " map_failed=%" PRIu64
              " evicted=%" PRIu64 " prefetched=%" PRIu64 " parked=%" PRIu64 " unparks=%" PRIu64
              " unparked=%" PRIu64 "\n",
              device, f.reserved_high, f.used_high, f.step_peak_reserved, f.step_peak_used, f.step_peak_free_device,
-             w.hits, w.misses, w.step_recalls, w.chunks_made, w.chunks_released, w.maps,
+             w.hits, w.misses, w.step_recalls, w.repairs, w.chunks_made, w.chunks_released, w.maps,
              w.unmaps, w.driver_ns / 1000, w.moved_back_bytes, w.spilled_made, w.spilled_released, w.spill_ns / 1000,
              w.refused, w.spill_refused, w.map_failed, w.evicted_bytes, w.prefetched_bytes, w.parked_bytes, w.unparks,
              w.unparked_bytes);

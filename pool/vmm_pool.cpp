@@ -232,7 +232,17 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   steps.diverged |= spills && !repeats && k < steps.before.size();
   const OffDevice as_last_step = off_device ? off : OffDevice::any();
   if (repeats) {
-    r = ranges_.take_recalled(device, Recall::Last{steps.before[k].served}, stream, as_last_step, false);
+    const Recall::Last was{steps.before[k].served};
+    r = ranges_.take_recalled(device, was, stream, as_last_step, false);
+    // Where other ranges use some of its chunks, it is made whole again
+    // with free ones at its addresses (none of the step's later requests'),
+    // rather than a range be made and mapped, host chunks and all.
+    Range* whole = r ? nullptr : ranges_.at(was[0]);
+    const std::size_t placed = whole ? whole->spilled_bytes() : 0;
+    if (whole && placed >= as_last_step.least && placed <= as_last_step.most &&
+        ranges_.repair(*whole, stream, due_after(steps, k))) {
+      r = ranges_.take_recalled(device, was, stream, as_last_step, false);
+    }
     b.work.step_recalls += r != nullptr;
   }
   if (spills && !r) {
@@ -269,11 +279,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     missed_[device] = repeats ? ranges_.missed(steps.before[k].served, stream, as_last_step)
                               : ranges_.missed(last[0], stream, off);
     // The free ranges that serve the step's later requests, kept whole where others serve.
-    std::unordered_set<const Range*> due;
-    for (std::size_t j = k + 1; repeats && j < steps.before.size(); ++j) {
-      const Range* d = ranges_.at(steps.before[j].served);
-      if (d && !d->live) due.insert(d);
-    }
+    const std::unordered_set<const Range*> due = repeats ? due_after(steps, k) : std::unordered_set<const Range*>{};
     stitcher_.spare(&due);
     const CUresult status = stitcher_.stitch(rounded, device, stream, off_device, &r);
     stitcher_.spare(nullptr);
@@ -287,6 +293,15 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   if (recall_by_step_ && spills && k < max_step_requests) steps.served.push_back({rounded, {r->va.base(), r->id}});
   *range = r;
   return CUDA_SUCCESS;
+}
+
+std::unordered_set<const Range*> VmmPool::due_after(const Steps& steps, std::size_t k) const {
+  std::unordered_set<const Range*> due;
+  for (std::size_t j = k + 1; j < steps.before.size(); ++j) {
+    const Range* d = ranges_.at(steps.before[j].served);
+    if (d && !d->live) due.insert(d);
+  }
+  return due;
 }
 
 void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {

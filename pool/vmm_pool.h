@@ -357,6 +357,8 @@ class VmmPool {
     bool diverged = false;  // this step's requests are not the last step's
   };
   PerDevice<Steps> steps_;
+  // The free ranges that served the last step's requests after the k-th.
+  std::unordered_set<const Range*> due_after(const Steps& steps, std::size_t k) const;
   bool recall_by_step_ = false;
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };

@@ -158,6 +158,40 @@ TEST_F(Parts, APieceIsMappedInAtMost32RangesAndDroppingItUnmapsThemAll) {
   EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, OffDevice::any()), nullptr);
 }
 
+// A cached range whose chunk another range holds is made whole at its
+// addresses with free chunks that add up to that chunk, none of a spared
+// range's; where none add up, it stays as it was.
+TEST_F(Parts, ARangeWhoseChunkIsHeldElsewhereIsMadeWholeAtItsAddresses) {
+  Range* r = nullptr;
+  ASSERT_EQ(ranges.map({make(2 * MiB), make(8 * MiB)}, 0, &r), CUDA_SUCCESS);
+  r->blocks.resize(1);
+  ranges.cache(*r);
+  for (Piece* p : r->pieces) pieces.set_free(*p);
+  Piece* kept = r->pieces[0];
+  Piece* held = r->pieces[1];
+  Range* over = nullptr;
+  pieces.choose(*held);
+  ASSERT_EQ(ranges.map({held}, 0, &over), CUDA_SUCCESS);
+  Range* due = cached(8 * MiB);  // a free chunk of the size, but spared
+  const std::unordered_set<const Range*> spared{due};
+  EXPECT_FALSE(ranges.repair(*r, 0, spared));  // nothing else adds up
+  EXPECT_EQ(r->pieces, (std::vector<Piece*>{kept, held}));
+  Piece* a = make_free(4 * MiB);
+  Piece* b = make_free(4 * MiB);
+  const CUdeviceptr base = r->va.base();
+  const std::size_t maps = accounting::accounts.maps, unmaps = accounting::accounts.unmaps;
+  ASSERT_TRUE(ranges.repair(*r, 0, spared));
+  EXPECT_EQ(r->va.base(), base);
+  ASSERT_EQ(r->pieces.size(), 3u);
+  EXPECT_EQ(r->pieces[0], kept);
+  EXPECT_TRUE((r->pieces[1] == a && r->pieces[2] == b) || (r->pieces[1] == b && r->pieces[2] == a));
+  EXPECT_EQ(held->ranges, std::vector<Range*>{over});
+  EXPECT_EQ(accounting::accounts.maps, maps + 2);
+  EXPECT_EQ(accounting::accounts.unmaps, unmaps + 1);
+  EXPECT_EQ(books[0].work.repairs, 1u);
+  EXPECT_EQ(ranges.take_cached(0, 10 * MiB, 10 * MiB, 0, OffDevice::any()), r);  // it serves again
+}
+
 TEST_F(Parts, SlabSizeClassesWasteAtMostAFifth) {
   EXPECT_EQ(Slabs::size_class(1), 512u);
   EXPECT_EQ(Slabs::size_class(513), 640u);
@@ -238,6 +272,35 @@ TEST_F(Parts, StitcherTakesTheChunksOfSparedRangesOnlyWhereNoOthersServe) {
   EXPECT_TRUE(r->pieces[0] == due->pieces[0] || r->pieces[0] == due_too->pieces[0]);
   stitcher.spare(nullptr);
   EXPECT_EQ(accounting::accounts.creates, 3u);  // nothing new
+}
+
+// While ranges are spared (a step that repeats), a chunk made again at a
+// smaller size is first one mapped in no range with chunks off the device:
+// making such a range again maps its host chunks again, the costly part.
+TEST_F(Parts, StitcherMakesAgainFirstAChunkOfRangesWithNoneOffTheDevice) {
+  Range* costly = cached(16 * MiB);  // the older chunk: taken first otherwise
+  Range* cheap = cached(16 * MiB);
+  Piece* host = make(2 * MiB);
+  host->spilled = true;  // stands for a host chunk
+  Range* with_host = nullptr;
+  pieces.choose(*costly->pieces[0]);
+  ASSERT_EQ(ranges.map({costly->pieces[0], host}, 0, &with_host), CUDA_SUCCESS);
+  with_host->blocks.resize(1);
+  ranges.cache(*with_host);
+  for (Piece* p : with_host->pieces) pieces.set_free(*p);
+  Range* due = cached(2 * MiB);
+  books[0].peak_used = 36 * MiB;  // no room to grow
+  auto served = [](const Range* x) { return Recall::Served{x->va.base(), x->id}; };
+  const Recall::Served was_cheap = served(cheap), was_costly = served(costly), was_with_host = served(with_host);
+  const std::unordered_set<const Range*> spared{due};
+  stitcher.spare(&spared);
+  Range* r = nullptr;
+  ASSERT_EQ(stitcher.stitch(4 * MiB, 0, 0, 0, &r), CUDA_SUCCESS);
+  stitcher.spare(nullptr);
+  EXPECT_EQ(accounting::accounts.creates, 6u);  // a chunk made again, as 4 MiB and the rest
+  EXPECT_EQ(ranges.at(was_cheap), nullptr);
+  EXPECT_EQ(ranges.at(was_with_host), with_host);
+  EXPECT_EQ(ranges.at(was_costly), costly);
 }
 
 TEST_F(Parts, StitcherReclaimsOnceTheDeviceRefusesAndFailsWithoutTiers) {
