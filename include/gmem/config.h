@@ -86,9 +86,12 @@
   X(recall_steps, flag, "0",                                                         \
     "1: with pool:vmm, while a device spills and a step's requests repeat the last "  \
     "step's (their sizes, in order), each request takes the range that served the "   \
-    "same request of the last step, however it lies, and a range made for one takes " \
-    "the free chunks of the ranges that served the step's later requests only where " \
-    "no others serve: steps settle with no mapping where requests of one size would " \
+    "same request of the last step, however it lies, a range whose chunks other "     \
+    "ranges use is first made whole at its addresses with free chunks, and a range "  \
+    "made for one takes the free chunks of the ranges that served the step's later "  \
+    "requests only where no others serve, and makes again first a device chunk "      \
+    "mapped in no range with host chunks: steps settle with no mapping where "        \
+    "requests of one size would "                                                     \
     "take each other's ranges (an experiment, off by default: docs/results.md)")     \
   X(plan_file, file, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
