@@ -148,7 +148,7 @@ Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, St
     // memory: what it has beyond the request is host memory a new range
     // would round up to as well.
     if (larger && (!spilled || r.va.size() - spilled > rounded)) return false;
-    return spilled >= off.least && spilled <= off.most;
+    return off.admits(spilled);
   };
   CachedRanges& cached = cached_[device];
   auto best = cached.end();
@@ -175,8 +175,7 @@ Range* Ranges::take_recalled(int device, const Recall::Last& last, StreamId stre
   for (const Recall::Served& served : last) {
     Range* range = at(served);
     if (!range || range->class_size || range->live) continue;
-    const std::size_t spilled = range->spilled_bytes();
-    const bool placed = (as_placed && !range->placed_by_use) || (spilled >= off.least && spilled <= off.most);
+    const bool placed = (as_placed && !range->placed_by_use) || off.admits(range->spilled_bytes());
     if (!placed || !ready(*range, stream)) continue;
     CachedRanges& cached = cached_[device];
     auto [from, to] = cached.equal_range(range->va.size());
@@ -204,7 +203,7 @@ Recall::Missed Ranges::missed(const Recall::Served& served, StreamId stream, Off
   m.holders = static_cast<uint32_t>(holders.size());
   m.off_device = range->spilled_bytes();
   const bool waiting = !m.held && !ready(*range, stream);
-  if (m.off_device < off.least || m.off_device > off.most) {
+  if (!off.admits(m.off_device)) {
     m.waiting = waiting;
     return m.why = Why::placed, m;
   }

@@ -34,6 +34,8 @@ using CachedRanges = std::multimap<std::size_t, Range*>;  // free whole ranges, 
 // How many of a cached range's bytes may lie off the device for it to serve.
 struct OffDevice {
   std::size_t least = 0, most = SIZE_MAX;
+  // Whether a range with `spilled` bytes off the device lies so.
+  bool admits(std::size_t spilled) const { return spilled >= least && spilled <= most; }
   static constexpr OffDevice none() { return {0, 0}; }
   static constexpr OffDevice any() { return {}; }
 };

@@ -238,9 +238,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
     // with free ones at its addresses (none of the step's later requests'),
     // rather than a range be made and mapped, host chunks and all.
     Range* whole = r ? nullptr : ranges_.at(was[0]);
-    const std::size_t placed = whole ? whole->spilled_bytes() : 0;
-    if (whole && placed >= as_last_step.least && placed <= as_last_step.most &&
-        ranges_.repair(*whole, stream, due_after(steps, k))) {
+    if (whole && as_last_step.admits(whole->spilled_bytes()) && ranges_.repair(*whole, stream, due_after(steps, k))) {
       r = ranges_.take_recalled(device, was, stream, as_last_step, false);
     }
     b.work.step_recalls += r != nullptr;
