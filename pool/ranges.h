@@ -121,9 +121,9 @@ class Ranges {
   // chunks of its memory that add up to its size, reusable on `stream`,
   // mapped in none of `spared` and not in the range already, are mapped in
   // its place. A range that has served stays at its addresses: where most of
-  // it lies on the host, mapping it anew costs about 3 ms per 256 MiB host
-  // chunk idle and up to 20 times that while copies run (docs/results.md),
-  // against about 0.1 ms per device chunk replaced. True if it is whole (its
+  // it lies on the host, mapping it anew costs 2-3 ms per 256 MiB host chunk
+  // idle and 65-84 ms while kernels read host memory (docs/results.md),
+  // against about 0.1 ms per device chunk replaced idle. True if it is whole (its
   // chunks all free then); else false, as it was where no free chunks fill a
   // chunk's place.
   bool repair(Range& range, StreamId stream, const std::unordered_set<const Range*>& spared);
