@@ -83,7 +83,7 @@
     "peak; the plan is tried for three steps after four in the order requested and " \
     "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
-  X(recall_steps, flag, "0",                                                         \
+  X(recall_steps, flag, "1",                                                         \
     "1: with pool:vmm, while a device spills and a step's requests repeat the last "  \
     "step's (their sizes, in order), each request takes the range that served the "   \
     "same request of the last step, however it lies, a range whose chunks other "     \
@@ -92,7 +92,8 @@
     "requests only where no others serve, and makes again first a device chunk "      \
     "mapped in no range with host chunks: steps settle with no mapping where "        \
     "requests of one size would "                                                     \
-    "take each other's ranges (an experiment, off by default: docs/results.md)")     \
+    "take each other's ranges (docs/results.md); 0: a request takes the range "       \
+    "that served it last by its size and the allocations of that size live")         \
   X(plan_file, file, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \

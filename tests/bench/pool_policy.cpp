@@ -51,7 +51,8 @@
 // more in host memory and the device has room (as bring_in:always does, after a
 // synchronization, by the mover's copy and remap; each copy adds its bytes at
 // 51 GB/s to the clock), and --per-step says how many ranges each step brought in.
-// --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step).
+// --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step), the
+// shim's default; without it, as recall_steps:0 (the tests' recorded guards).
 // --scale F replays every request of 1 MiB or more F times as large: the
 // recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
