@@ -481,7 +481,7 @@ step dedup-replicas 300 python3 tests/gpu/dedup_replicas.py --shim "$shim" --gme
 
 train=(python3 tests/gpu/run_train_matrix.py --shim "$shim" --steps "$steps")
 step train-matrix 300 "${train[@]}" --out "$out/train" --mode matrix
-step train-bench 200 "${train[@]}" --out "$out/train-bench" --mode bench
+step train-bench 300 "${train[@]}" --out "$out/train-bench" --mode bench
 
 if [ "$gpus" -ge 2 ]; then
   step allreduce-native 150 python3 tests/gpu/allreduce.py

@@ -3,8 +3,9 @@ with gmem preloaded, and with gmem first on LD_LIBRARY_PATH (the container
 case). Checks that the losses are bit-identical to the run without gmem, that
 gmem's report was printed (which proves the shim was loaded) and that it
 accounts for what torch allocated from the driver. --mode bench times the
-training step with and without the shim instead (3 runs each, interleaved) and
-prints BENCH lines. Prints markdown; exits non-zero on any mismatch."""
+training step with and without the shim instead (--bench-pairs runs each, a
+pair at a time) and prints BENCH lines: the median of the pairs' ratios, and
+their least and greatest. Prints markdown; exits non-zero on any mismatch."""
 import argparse
 import json
 import os
@@ -121,26 +122,34 @@ def matrix(args):
 
 
 def bench(args):
-    """Median step time with and without the shim, 3 runs each, interleaved,
-    under the first of --allocators; returns the number of failed runs."""
-    failures, times = 0, {"native": [], "preload": []}
+    """Median step time with and without the shim, --bench-pairs runs each,
+    under the first of --allocators, a pair at a time (native first in even
+    pairs, the shim first in odd ones, so that a drift of the machine falls on
+    both); each pair's ratio, and their median. Returns the number of failed runs."""
+    failures, ratios, times = 0, [], {"native": [], "preload": []}
     allocator = args.allocators[0]
-    for i in range(3):
-        for loading, into in times.items():
+    for i in range(args.bench_pairs):
+        pair = {}
+        for loading in ("native", "preload")[:: 1 if i % 2 == 0 else -1]:
             r = run(f"bench-{i}-{loading}", args, allocator, loading)
             if r["ok"]:
-                into.append(r["median_step_ms"])
+                pair[loading] = r["median_step_ms"]
+                times[loading].append(r["median_step_ms"])
             else:
                 print(f"bench run {i} {loading}: FAIL: {r['error']}")
                 failures += 1
-    if times["native"] and times["preload"]:
+        if len(pair) == 2:
+            ratios.append(pair["preload"] / pair["native"])
+            print(f"pair {i}: shim {pair['preload']:.3f} ms, native {pair['native']:.3f} ms, ratio {ratios[-1]:.4f}")
+    if ratios:
         shim, native = statistics.median(times["preload"]), statistics.median(times["native"])
         settings = args.conf.split(",") + ([ALLOCATORS[allocator]] if ALLOCATORS[allocator] else [])
         name = "train_step" + "".join("_" + re.sub(r"\W", "_", c) for c in settings if c)
-        print(f"runs (ms): shim {times['preload']}, native {times['native']}")
         print(f"BENCH {name}_ms {shim:.3f} ms")
         print(f"BENCH {name}_ms_native {native:.3f} ms")
-        print(f"BENCH {name}_ratio {shim / native:.4f} x")
+        print(f"BENCH {name}_ratio {statistics.median(ratios):.4f} x")
+        print(f"BENCH {name}_ratio_min {min(ratios):.4f} x")
+        print(f"BENCH {name}_ratio_max {max(ratios):.4f} x")
     return failures
 
 
@@ -150,9 +159,12 @@ def main():
     ap.add_argument("--out", required=True, help="folder for losses and logs")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--mode", choices=["matrix", "bench", "both"], default="matrix")
+    ap.add_argument("--bench-pairs", type=int, default=6, help="--mode bench: pairs of runs (default 6)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the runs under gmem")
     ap.add_argument("--allocators", nargs="+", choices=list(ALLOCATORS), default=list(ALLOCATORS))
     args = ap.parse_args()
+    if args.bench_pairs < 1:
+        ap.error("--bench-pairs must be at least 1")
     args.shim = os.path.abspath(args.shim)
     os.makedirs(args.out, exist_ok=True)
 
