@@ -107,7 +107,8 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
                  .driver_ns = work.driver_ns - d.at_step.driver_ns,
                  .map_ns = work.map_ns - d.at_step.map_ns,
                  .slow_maps = work.slow_maps - d.at_step.slow_maps,
-                 .slow_map_ns = work.slow_map_ns - d.at_step.slow_map_ns};
+                 .slow_map_ns = work.slow_map_ns - d.at_step.slow_map_ns,
+                 .spill_ns = work.spill_ns - d.at_step.spill_ns};
   d.at_step = work;
   d.last_step_ns = step;
   if (!step) return;
@@ -163,8 +164,9 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   }
   if (told_) {
     char line[128];
-    snprintf(line, sizeof line, "step %d %.1f trial=%s bring_in=%s evict=%s", device, double(step) / 1e6,
-             trials[int(d.trial)], bring_in_name(d), evict_name(d));
+    snprintf(line, sizeof line, "step %d %.1f trial=%s bring_in=%s evict=%s pinned_ms=%.1f", device,
+             double(step) / 1e6, trials[int(d.trial)], bring_in_name(d), evict_name(d),
+             double(d.last_step.spill_ns) / 1e6);
     told_(line);
   }
 }
@@ -348,14 +350,14 @@ std::string Uses::report_plan(std::size_t most) const {
              "planned_step_ms=%.1f bring_in=%s bring_in_step_ms=%.1f evict=%s placed_step_ms=%.1f evict_step_ms=%.1f "
              "last_step_ms=%.1f last_step_driver_ms=%.1f "
              "last_step_maps=%llu last_step_misses=%llu last_step_map_ms=%.1f last_step_slow_maps=%llu "
-             "last_step_slow_map_ms=%.1f remembered=%d\n",
+             "last_step_slow_map_ms=%.1f last_step_pinned_ms=%.1f remembered=%d\n",
              device, d.peak_asked, d.lacked, trials[int(d.trial)], double(d.ordered_ns) / 1e6,
              double(d.planned_ns) / 1e6, bring_in_name(d), double(d.bring_in_ns) / 1e6, evict_name(d),
              double(d.placed_ns) / 1e6, double(d.evict_ns) / 1e6,
              double(d.last_step_ns) / 1e6, double(d.last_step.driver_ns) / 1e6,
              static_cast<unsigned long long>(d.last_step.maps), static_cast<unsigned long long>(d.last_step.misses),
              double(d.last_step.map_ns) / 1e6, static_cast<unsigned long long>(d.last_step.slow_maps),
-             double(d.last_step.slow_map_ns) / 1e6, int(d.remembered));
+             double(d.last_step.slow_map_ns) / 1e6, double(d.last_step.spill_ns) / 1e6, int(d.remembered));
     out += buf;
   }
   std::vector<const Kind*> alive;

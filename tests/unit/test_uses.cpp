@@ -110,7 +110,8 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // one launch) is a temporary made after B is freed. B's range lies in host
 // memory (a peer's, with `peer`). At each peak the device had `room` bytes
 // left. Each step asks the driver for 3 maps and 2 ranges (misses) in 7 ms of
-// its calls, 6 ms of them mapping, 5 ms in one range counted slow.
+// its calls, 6 ms of them mapping, 5 ms in one range counted slow, and 2 ms
+// making chunks in host memory.
 class Job {
  public:
   explicit Job(bool place, std::size_t room, bool peer = false) : uses_(&table_, place), room_(room) {
@@ -142,6 +143,7 @@ class Job {
     work_.map_ns += 6'000'000;
     work_.slow_maps += 1;
     work_.slow_map_ns += 5'000'000;
+    work_.spill_ns += 2'000'000;
     return off;
   }
   Uses& uses() { return uses_; }
@@ -283,7 +285,7 @@ TEST(Uses, TheReportSaysWhatTheLastStepAskedOfTheDriver) {
   for (int i = 0; i < 4; ++i) job.step(i == 2 ? 80'000'000 : 100'000'000);  // the third peak to the fourth: 80 ms
   EXPECT_NE(job.uses().report().find(" last_step_ms=80.0 last_step_driver_ms=7.0 last_step_maps=3 "
                                      "last_step_misses=2 last_step_map_ms=6.0 last_step_slow_maps=1 "
-                                     "last_step_slow_map_ms=5.0 remembered=0\n"),
+                                     "last_step_slow_map_ms=5.0 last_step_pinned_ms=2.0 remembered=0\n"),
             std::string::npos)
       << job.uses().report();
 }
@@ -571,10 +573,10 @@ TEST(Uses, EachTimedStepIsToldWithWhereTheTrialsStand) {
   job.step();
   ASSERT_GE(told.size(), 4u);
   const std::vector<std::string> last(told.end() - 4, told.end());
-  EXPECT_EQ(last, (std::vector<std::string>{"step 0 94.0 trial=kept bring_in=off evict=untried",
-                                            "step 0 120.0 trial=kept bring_in=off evict=untried",
-                                            "step 0 110.0 trial=kept bring_in=off evict=trying",
-                                            "step 0 100.0 trial=kept bring_in=off evict=trying"}));
+  EXPECT_EQ(last, (std::vector<std::string>{"step 0 94.0 trial=kept bring_in=off evict=untried pinned_ms=2.0",
+                                            "step 0 120.0 trial=kept bring_in=off evict=untried pinned_ms=2.0",
+                                            "step 0 110.0 trial=kept bring_in=off evict=trying pinned_ms=2.0",
+                                            "step 0 100.0 trial=kept bring_in=off evict=trying pinned_ms=2.0"}));
 }
 
 }  // namespace
