@@ -320,11 +320,16 @@ CUresult Tiers::make(int device, std::size_t pool_bytes, std::size_t want, bool 
   size = std::min(size, round_down(host_room_locked(), granularity));
   if (size == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   host_held_ += size;
-  // Below the unit (a range's tail), a smaller chunk borrowed beats one of
-  // the size pinned: the caller asks again for the rest.
-  const std::size_t smallest = size < host_chunk_locked(device, SIZE_MAX) ? granularity : 0;
+  // A smaller chunk borrowed beats one of the size pinned (on the job's
+  // thread, about 200 ms a 256 MiB unit): the caller asks again for the rest.
+  // That holds for units too: the GCN's first run on a gmemd just started
+  // pinned 20 units itself (5.4 GB, 4 s) while 9.6 GB of gmemd's smaller
+  // chunks stayed unlent (docs/results.md, fortieth session). gmemd is told
+  // of a unit it lacked all the same, to pin units for the next job.
+  const std::size_t unit = host_chunk_locked(device, SIZE_MAX);
   lock.unlock();
-  CUresult status = pin_host(where, size, smallest, out);
+  CUresult status = pin_host(where, size, granularity, out);
+  if (status == CUDA_SUCCESS && size == unit && out->size() < size && lease_.missed) lease_.missed(size);
   lock.lock();
   if (status != CUDA_SUCCESS) {
     host_held_ -= size;

@@ -103,7 +103,8 @@ class Tiers final : public vmm::ChunkObserver {
     std::function<std::size_t(std::size_t size)> lendable;
     // A host chunk released and mapped nowhere (whether or not `take` gave it).
     std::function<void(CUmemGenericAllocationHandle handle)> give_back;
-    // A host chunk of `size` was pinned here: `take` had none of that size (nor halves of it).
+    // A host chunk of `size` was pinned here (`take` had none of that size,
+    // nor halves of it), or a unit was borrowed in smaller chunks.
     std::function<void(std::size_t size)> missed;
   };
   void lease_host(Lease lease) { lease_ = std::move(lease); }

@@ -344,6 +344,21 @@ TEST_F(HostPool, AChunkAJobPinnedItselfIsPinnedByThePoolOnceNoJobHoldsAny) {
   close(next);
 }
 
+// With both units lent to another job, the spill's unit is borrowed in
+// smaller chunks too rather than pinned by the job.
+TEST_F(HostPool, AUnitAllLentIsBorrowedInSmallerChunks) {
+  start_pool("64M", "16M", "0.5");
+  int other = gmem::fds::connect_to(pool_socket_);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(ask(other, 2).count, 2u);
+  Finished run = spill("16M", "30");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("spill ok"), std::string::npos) << run.out;
+  EXPECT_EQ(run.err.find("call=create memory=host"), std::string::npos) << "nothing pinned by the job: " << run.err;
+  EXPECT_NE(run.err.find("gmem: report host-pool borrowed="), std::string::npos) << run.err;
+  close(other);
+}
+
 TEST_F(HostPool, AJobOfAnotherUnitPinsItsOwn) {
   start_pool("32M");
   Finished run = spill("8M");
