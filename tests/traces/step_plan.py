@@ -160,12 +160,12 @@ def main():
     print(f"{args.trace}: step of events {step[0]}-{step[1]}, {len(requests)} large requests; "
           f"{throughout / gb:.2f} GB alive throughout")
     least, arena = pack(requests)
-    report("one arena", requests, least, arena)
+    chunks = report("one arena", requests, least, arena)
     if device:
         # The arena's bottom on the device (beside what lives throughout), the rest in host memory.
         room = max(0, device - throughout)
         past = max(0, arena - room)
-        mapped = sum((hi - max(lo, room)) * len(cov) for (lo, hi), cov in chunks_of(requests) if hi > room)
+        mapped = sum((hi - max(lo, room)) * len(cov) for (lo, hi), cov in chunks if hi > room)
         print(f"  device {device / gb:.2f} GB: {past / gb:.2f} GB of the arena past it, "
               f"mapped {mapped / gb:.2f} GB over all ranges ({mapped / past if past else 0:.1f} ranges a byte)")
     on, away = placed_apart(requests)
@@ -179,7 +179,7 @@ def main():
 
 
 def report(name, requests, least, arena):
-    """One arena's figures."""
+    """Prints one arena's figures; its chunks (chunks_of)."""
     gb = 1e9
     chunks = chunks_of(requests)
     mappings = sum(len(cov) for _, cov in chunks)
@@ -190,6 +190,7 @@ def report(name, requests, least, arena):
           f"{mapped / gb:.2f} GB mapped ({mapped / arena if arena else 0:.1f} ranges a byte), "
           f"most ranges on one chunk {most}" + (f" (over the pool's {RANGES_PER_CHUNK})" if most > RANGES_PER_CHUNK
                                                    else ""))
+    return chunks
 
 
 if __name__ == "__main__":
