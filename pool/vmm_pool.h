@@ -45,8 +45,8 @@ class VmmPool {
   VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroom = default_headroom,
           Tiers* tiers = nullptr);
   static constexpr double default_headroom = 1.0 / 64;
-  // recall_steps: while a device spills and a step's requests repeat the
-  // last step's (their sizes, in order), each request takes the range that
+  // recall_steps: while a device spills and a step's requests of
+  // large_range or more repeat the last step's (their sizes, in order), each takes the range that
   // served the same request of the last step, however it lies, and a range
   // made for one takes the free chunks of the ranges the step's later
   // requests had last, only where no others serve. Set before use.

@@ -84,8 +84,9 @@
     "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
   X(recall_steps, flag, "1",                                                         \
-    "1: with pool:vmm, while a device spills and a step's requests repeat the last "  \
-    "step's (their sizes, in order), each request takes the range that served the "   \
+    "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "     \
+    "more repeat the last step's (their sizes, in order), each takes the range that "  \
+    "served the "                                                                      \
     "same request of the last step, however it lies, a range whose chunks other "     \
     "ranges use is first made whole at its addresses with free chunks, and a range "  \
     "made for one takes the free chunks of the ranges that served the step's later "  \

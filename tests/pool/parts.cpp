@@ -488,6 +488,40 @@ TEST_F(Steps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
   EXPECT_EQ(pool.work(0).step_recalls, recalls + 3 * 4);
 }
 
+// Requests below large_range are not part of a step: a temporary a job makes
+// in some steps and not others (the LM made an extra 2 MiB one) leaves the
+// step's large requests repeating the last step's, each taking its range.
+TEST_F(Steps, ASmallRequestSomeStepsMakeLeavesTheStepRepeating) {
+  pool.recall_by_step(true);
+  auto step = [&](bool temporary) {
+    Block a, b, c;
+    EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(pool.alloc(&c, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // past the 1 GiB device
+    EXPECT_EQ(pool.free(b.base), CUDA_SUCCESS);
+    if (temporary) {
+      Block t;
+      EXPECT_EQ(pool.alloc(&t, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+      EXPECT_EQ(pool.free(t.base), CUDA_SUCCESS);
+    }
+    Block d;
+    EXPECT_EQ(pool.alloc(&d, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // c's size, c live
+    for (const Block* x : {&a, &c, &d}) EXPECT_EQ(pool.free(x->base), CUDA_SUCCESS);
+    return std::vector<CUdeviceptr>{a.base, b.base, c.base, d.base};
+  };
+  for (int s = 0; s < 3; ++s) step(s == 1);
+  ASSERT_TRUE(tiers.spilled(0));
+  std::vector<CUdeviceptr> before = step(false);
+  const uint64_t misses = pool.work(0).misses, recalls = pool.work(0).step_recalls;
+  for (int s = 4; s < 8; ++s) {
+    const std::vector<CUdeviceptr> now = step(s % 2 == 1);
+    EXPECT_EQ(now, before) << "step " << s;
+    before = now;
+  }
+  EXPECT_EQ(pool.work(0).misses, misses);
+  EXPECT_EQ(pool.work(0).step_recalls, recalls + 4 * 4) << "each large request, the step's own range";
+}
+
 // Steps end where the bytes asked for come back to their peak, whatever
 // memory serves them: a range larger than its request counts whole in what
 // is used, so once requests are served closer to their size (here a request
