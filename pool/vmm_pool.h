@@ -46,10 +46,10 @@ class VmmPool {
           Tiers* tiers = nullptr);
   static constexpr double default_headroom = 1.0 / 64;
   // recall_steps: while a device spills and a step's requests of
-  // large_range or more repeat the last step's (their sizes, in order), each takes the range that
-  // served the same request of the last step, however it lies, and a range
-  // made for one takes the free chunks of the ranges the step's later
-  // requests had last, only where no others serve. Set before use.
+  // large_range or more repeat the last step's (their sizes, in order), each
+  // takes the range that served the same request of the last step, however
+  // it lies, and a range made for one takes the free chunks of the ranges the
+  // step's later requests had last, only where no others serve. Set before use.
   void recall_by_step(bool on) { recall_by_step_ = on; }
   static constexpr std::size_t max_step_requests = 1 << 16;  // a step's requests recalled so, at most
 

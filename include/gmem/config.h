@@ -84,17 +84,16 @@
     "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
   X(recall_steps, flag, "1",                                                         \
-    "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "     \
-    "more repeat the last step's (their sizes, in order), each takes the range that "  \
-    "served the "                                                                      \
-    "same request of the last step, however it lies, a range whose chunks other "     \
-    "ranges use is first made whole at its addresses with free chunks, and a range "  \
-    "made for one takes the free chunks of the ranges that served the step's later "  \
-    "requests only where no others serve, and makes again first a device chunk "      \
-    "mapped in no range with host chunks: steps settle with no mapping where "        \
-    "requests of one size would "                                                     \
-    "take each other's ranges (docs/results.md); 0: a request takes the range "       \
-    "that served it last by its size and the allocations of that size live")         \
+    "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
+    "more repeat the last step's (their sizes, in order), each takes the range that " \
+    "served the same request of the last step, however it lies, a range whose "      \
+    "chunks other ranges use is first made whole at its addresses with free chunks, " \
+    "and a range made for one takes the free chunks of the ranges that served the "  \
+    "step's later requests only where no others serve, and makes again first a "     \
+    "device chunk mapped in no range with host chunks: steps settle with no mapping " \
+    "where requests of one size would take each other's ranges (docs/results.md); "  \
+    "0: a request takes the range that served it last by its size and the "          \
+    "allocations of that size live")                                                 \
   X(plan_file, file, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \

@@ -458,22 +458,33 @@ TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne
   ASSERT_EQ(pool.free(off.base), CUDA_SUCCESS);
 }
 
-// With recall_by_step, once the device spills and a step's requests repeat
-// the last step's, each request takes the range the same request had then,
-// and no range is made.
-TEST_F(Steps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
-  pool.recall_by_step(true);
-  auto step = [&] {
+// With recall_by_step: steps of four large requests (a, b, c, and d of c's
+// size while c is live), the fourth past the 1 GiB device; with `temporary`,
+// a small request made and freed before d.
+class RecalledSteps : public Steps {
+ protected:
+  RecalledSteps() { pool.recall_by_step(true); }
+  std::vector<CUdeviceptr> step(bool temporary = false) {
     Block a, b, c;
     EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
     EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
     EXPECT_EQ(pool.alloc(&c, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // past the 1 GiB device
     EXPECT_EQ(pool.free(b.base), CUDA_SUCCESS);
+    if (temporary) {
+      Block t;
+      EXPECT_EQ(pool.alloc(&t, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+      EXPECT_EQ(pool.free(t.base), CUDA_SUCCESS);
+    }
     Block d;
     EXPECT_EQ(pool.alloc(&d, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // c's size, c live
     for (const Block* x : {&a, &c, &d}) EXPECT_EQ(pool.free(x->base), CUDA_SUCCESS);
     return std::vector<CUdeviceptr>{a.base, b.base, c.base, d.base};
-  };
+  }
+};
+
+// Once the device spills and a step's requests repeat the last step's, each
+// request takes the range the same request had then, and no range is made.
+TEST_F(RecalledSteps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
   step();
   ASSERT_TRUE(tiers.spilled(0));
   step();
@@ -491,27 +502,10 @@ TEST_F(Steps, RepeatedStepsTakeTheRangesOfTheStepBefore) {
 // Requests below large_range are not part of a step: a temporary a job makes
 // in some steps and not others (the LM made an extra 2 MiB one) leaves the
 // step's large requests repeating the last step's, each taking its range.
-TEST_F(Steps, ASmallRequestSomeStepsMakeLeavesTheStepRepeating) {
-  pool.recall_by_step(true);
-  auto step = [&](bool temporary) {
-    Block a, b, c;
-    EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-    EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-    EXPECT_EQ(pool.alloc(&c, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // past the 1 GiB device
-    EXPECT_EQ(pool.free(b.base), CUDA_SUCCESS);
-    if (temporary) {
-      Block t;
-      EXPECT_EQ(pool.alloc(&t, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-      EXPECT_EQ(pool.free(t.base), CUDA_SUCCESS);
-    }
-    Block d;
-    EXPECT_EQ(pool.alloc(&d, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // c's size, c live
-    for (const Block* x : {&a, &c, &d}) EXPECT_EQ(pool.free(x->base), CUDA_SUCCESS);
-    return std::vector<CUdeviceptr>{a.base, b.base, c.base, d.base};
-  };
+TEST_F(RecalledSteps, ASmallRequestSomeStepsMakeLeavesTheStepRepeating) {
   for (int s = 0; s < 3; ++s) step(s == 1);
   ASSERT_TRUE(tiers.spilled(0));
-  std::vector<CUdeviceptr> before = step(false);
+  std::vector<CUdeviceptr> before = step();
   const uint64_t misses = pool.work(0).misses, recalls = pool.work(0).step_recalls;
   for (int s = 4; s < 8; ++s) {
     const std::vector<CUdeviceptr> now = step(s % 2 == 1);
