@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""What the pool's range making cost in each step of a job, from a gmem trace
+(GMEM_CONF trace:FILE): its `# made: ...` comment lines (README.md here), one
+after each allocation the pool made a range for, summed per step. A step ends
+at each `# place` line (the pool's own step timing, from peak to peak of the
+bytes requested; the line gives the step's time and where the trials stood),
+the first from the trace's start; what follows the last is `after`.
+
+Per step: the ranges made, their mappings, the time the mapping took and, of
+it, the time of ranges during whose making the allocation's stream ran out of
+work (an upper bound on the GPU's idle time: the stream may have run dry only
+at the end), and the bytes on the host of the allocations served by new
+ranges. With --top N, each step's N costliest ranges: the request's size and
+what the pool said of its last range.
+
+    python3 tests/traces/made_steps.py [--top N] TRACE
+"""
+import argparse
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gmem_trace  # noqa: E402
+
+MADE = re.compile(r"^# made: (\d+) mappings in ([\d.]+) ms, (\d+) bytes on the host(.*)$")
+PLACE = re.compile(r"^# place \d+ step \d+ ([\d.]+) trial=(\S+) bring_in=(\S+)")
+OUT_OF_WORK = "; its stream ran out of work meanwhile"
+
+
+class Step:
+    def __init__(self):
+        self.ms, self.trial, self.bring_in = None, "-", "-"
+        self.ranges, self.mappings, self.map_ms, self.out_of_work_ms, self.host = 0, 0, 0.0, 0.0, 0
+        self.made = []  # (map ms, request bytes, mappings, host bytes, what the pool said)
+
+
+def steps_of(lines):
+    """The trace's steps, each a Step; the last one (`after` the last place
+    line) is left out where nothing was made in it."""
+    steps, step, request = [], Step(), 0
+    for number, line in enumerate(lines, 1):
+        if line.startswith("a "):
+            fields = line.split()
+            if len(fields) < 3:
+                raise gmem_trace.TraceError(f"line {number}: an allocation without its size: {line.strip()}")
+            request = int(fields[2])
+        elif m := MADE.match(line):
+            mappings, ms, host, rest = int(m[1]), float(m[2]), int(m[3]), m[4]
+            step.ranges += 1
+            step.mappings += mappings
+            step.map_ms += ms
+            step.host += host
+            if rest.startswith(OUT_OF_WORK):
+                step.out_of_work_ms += ms
+                rest = rest[len(OUT_OF_WORK):]
+            step.made.append((ms, request, mappings, host, rest.lstrip("; ")))
+        elif m := PLACE.match(line):
+            step.ms, step.trial, step.bring_in = float(m[1]), m[2], m[3]
+            steps.append(step)
+            step = Step()
+    if step.ranges:
+        steps.append(step)
+    return steps
+
+
+def size(n):
+    return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def report(steps, top):
+    out = ["step  step_ms  trial    bring_in  ranges  mappings  map_ms  out_of_work_ms  host_GB"]
+    for i, s in enumerate(steps, 1):
+        name = str(i) if s.ms is not None else "after"
+        ms = f"{s.ms:.1f}" if s.ms is not None else "-"
+        out.append(f"{name:<5} {ms:>8}  {s.trial:<8} {s.bring_in:<9} {s.ranges:>6}  {s.mappings:>8}  "
+                   f"{s.map_ms:>6.0f}  {s.out_of_work_ms:>14.0f}  {s.host / 1e9:>7.1f}")
+        for ms_made, request, mappings, host, said in sorted(s.made, key=lambda m: -m[0])[:top]:
+            out.append(f"      {ms_made:8.1f} ms: {size(request)} asked, {mappings} mappings, "
+                       f"{size(host)} on the host{'; ' + said if said else ''}")
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--top", type=int, default=0, help="list each step's N costliest ranges")
+    parser.add_argument("trace", help="a gmem trace (plain or .gz)")
+    args = parser.parse_args()
+    if args.top < 0:
+        parser.error("--top must be 0 or more")
+    try:
+        with gmem_trace.open_text(args.trace, "r") as f:
+            steps = steps_of(f.readlines())
+    except (OSError, gmem_trace.TraceError) as e:
+        print(f"made_steps: {args.trace}: {e}", file=sys.stderr)
+        return 1
+    if not steps:
+        print(f"made_steps: {args.trace}: no `# place` or `# made` line: record it with report:1 placing by use",
+              file=sys.stderr)
+        return 1
+    print(report(steps, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
