@@ -512,24 +512,14 @@ bool launches_beside_vmm(CUcontext context, CUdevice device, CUfunction spin, CU
 }  // namespace
 
 int main() {
-  CUdevice device = 0;
-  CUcontext context = nullptr;
-  CUmodule module = nullptr;
-  CUfunction spin = nullptr, stream_read = nullptr;
+  gmem::bench::Gpu gpu;
   CUstream work = nullptr, dtoh = nullptr, htod = nullptr;
-  int sms = 0;
-  if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
-      !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
-      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
-      !ok(cuModuleLoadData(&module, gmem::bench::kernels_ptx), "cuModuleLoadData") ||
-      !ok(cuModuleGetFunction(&spin, module, "spin"), "cuModuleGetFunction") ||
-      !ok(cuModuleGetFunction(&stream_read, module, "stream_read"), "cuModuleGetFunction") ||
-      !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute") ||
-      !ok(cuStreamCreate(&work, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
+  if (!gmem::bench::open_gpu(program, &gpu) || !ok(cuStreamCreate(&work, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
       !ok(cuStreamCreate(&dtoh, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
       !ok(cuStreamCreate(&htod, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
   }
+  const auto& [device, context, module, spin, stream_read, sms] = gpu;
   using gmem::bench::pinned_at;
   const CUmemAllocationProp on_device = pinned_at(gmem::bench::on_device(device)),
                             on_numa = pinned_at(gmem::bench::host_numa_of(device)),

@@ -61,23 +61,13 @@ struct Launcher {
 }  // namespace
 
 int main() {
-  CUdevice device = 0;
-  CUcontext context = nullptr;
-  CUmodule module = nullptr;
-  CUfunction spin = nullptr, stream_read = nullptr;
+  gmem::bench::Gpu gpu;
   CUstream reader = nullptr, launches = nullptr;
-  int sms = 0;
-  if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
-      !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
-      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
-      !ok(cuModuleLoadData(&module, gmem::bench::kernels_ptx), "cuModuleLoadData") ||
-      !ok(cuModuleGetFunction(&spin, module, "spin"), "cuModuleGetFunction") ||
-      !ok(cuModuleGetFunction(&stream_read, module, "stream_read"), "cuModuleGetFunction") ||
-      !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute") ||
-      !ok(cuStreamCreate(&reader, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
+  if (!gmem::bench::open_gpu(program, &gpu) || !ok(cuStreamCreate(&reader, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
       !ok(cuStreamCreate(&launches, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
   }
+  const auto& [device, context, module, spin, stream_read, sms] = gpu;
   const CUmemAllocationProp on_host = gmem::bench::pinned_at(gmem::bench::host_numa_of(device)),
                             on_device = gmem::bench::pinned_at(gmem::bench::on_device(device));
   const CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};

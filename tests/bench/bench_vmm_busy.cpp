@@ -43,19 +43,12 @@ struct Kind {
 }  // namespace
 
 int main() {
-  CUdevice device = 0;
-  CUcontext context = nullptr;
-  CUmodule module = nullptr;
-  CUfunction spin = nullptr;
+  gmem::bench::Gpu gpu;
   CUstream stream = nullptr;
-  if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
-      !ok(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain") ||
-      !ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
-      !ok(cuModuleLoadData(&module, gmem::bench::kernels_ptx), "cuModuleLoadData") ||
-      !ok(cuModuleGetFunction(&spin, module, "spin"), "cuModuleGetFunction") ||
-      !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
+  if (!gmem::bench::open_gpu("bench-vmm-busy", &gpu) || !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
     return 1;
   }
+  const auto& [device, context, module, spin, stream_read, sms] = gpu;
   const CUmemAllocationProp on_device = gmem::bench::pinned_at(gmem::bench::on_device(device)),
                             on_host = gmem::bench::pinned_at(gmem::bench::host_numa_of(device));
   const Kind kinds[] = {{"device_2MiB", on_device, std::size_t{2} << 20},
@@ -65,15 +58,11 @@ int main() {
   CUevent event = nullptr;
   if (!ok(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return 1;
   // What the streaming kernel reads: 1 GiB of host memory mapped as the pool maps it.
-  CUfunction stream_read = nullptr;
   CUmemGenericAllocationHandle read_handle = 0;
   CUdeviceptr read_va = 0;
   const std::size_t read_size = std::size_t{1} << 30;
   CUmemAccessDesc read_access{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  int sms = 0;
-  if (!ok(cuModuleGetFunction(&stream_read, module, "stream_read"), "cuModuleGetFunction") ||
-      !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute") ||
-      !ok(cuMemCreate(&read_handle, read_size, &on_host, 0), "cuMemCreate") ||
+  if (!ok(cuMemCreate(&read_handle, read_size, &on_host, 0), "cuMemCreate") ||
       !ok(cuMemAddressReserve(&read_va, read_size, 0, 0, 0), "cuMemAddressReserve") ||
       !ok(cuMemMap(read_va, read_size, 0, read_handle, 0), "cuMemMap") ||
       !ok(cuMemSetAccess(read_va, read_size, &read_access, 1), "cuMemSetAccess")) {

@@ -2,8 +2,13 @@
 // so the benchmarks need no nvcc): spin(ns) runs for `ns` nanoseconds;
 // stream_read(p, words, ns) has every thread read 8-byte words of `p` (`words`
 // of them, wrapping) for `ns` nanoseconds past the caches, as a spilled job's
-// kernels read pinned host memory over PCIe.
+// kernels read pinned host memory over PCIe. open_gpu() starts a benchmark
+// with them loaded.
 #pragma once
+
+#include <cuda.h>
+
+#include "driver_call.h"
 
 namespace gmem::bench {
 
@@ -55,5 +60,28 @@ READ:
   ret;
 }
 )";
+
+// What a GPU benchmark starts from: device 0's primary context, made current,
+// the kernels above loaded, and the device's count of multiprocessors.
+struct Gpu {
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  CUmodule module = nullptr;
+  CUfunction spin = nullptr, stream_read = nullptr;
+  int sms = 0;
+};
+
+// Fills `gpu`; false, with the call that failed on stderr after `program`, where the driver refuses.
+inline bool open_gpu(const char* program, Gpu* gpu) {
+  auto ok = [program](CUresult status, const char* call) { return call_ok(program, status, call); };
+  return ok(cuInit(0), "cuInit") && ok(cuDeviceGet(&gpu->device, 0), "cuDeviceGet") &&
+         ok(cuDevicePrimaryCtxRetain(&gpu->context, gpu->device), "cuDevicePrimaryCtxRetain") &&
+         ok(cuCtxSetCurrent(gpu->context), "cuCtxSetCurrent") &&
+         ok(cuModuleLoadData(&gpu->module, kernels_ptx), "cuModuleLoadData") &&
+         ok(cuModuleGetFunction(&gpu->spin, gpu->module, "spin"), "cuModuleGetFunction") &&
+         ok(cuModuleGetFunction(&gpu->stream_read, gpu->module, "stream_read"), "cuModuleGetFunction") &&
+         ok(cuDeviceGetAttribute(&gpu->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, gpu->device),
+            "cuDeviceGetAttribute");
+}
 
 }  // namespace gmem::bench
