@@ -5,9 +5,10 @@ more pool-policy options, and prints each run's last steps (misses/maps/host map
 peak ratio: how a change of the pool's policy moves the steady state of every
 recorded job, frees completing at once (lag 0: the GPU once the pool has kept it
 waiting) or late. A policy's steady state depends on its first steps, so judge a
-change on several lags (docs/results.md, thirty-eighth session).
+change on several lags (docs/results.md, thirty-eighth session); the LM's H200 churn shows
+only with frees 50 calls late (forty-first session).
 
-  tests/traces/policy_sweep.py [--build DIR] [--lags 0,20] [--steps N] [-- POOL_POLICY_OPTIONS...]
+  tests/traces/policy_sweep.py [--build DIR] [--lags 0,20,50] [--steps N] [-- POOL_POLICY_OPTIONS...]
 
 The runs come from `meson introspect DIR --tests --benchmarks`: those of
 pool-policy with --host-memory (a spill tier), their guards (--max-*) left out.
@@ -69,7 +70,7 @@ def replay(binary, args, lag, extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="the meson build folder (default build)")
-    ap.add_argument("--lags", default="0,20", help="comma list of --lag values (default 0,20)")
+    ap.add_argument("--lags", default="0,20,50", help="comma list of --lag values (default 0,20,50)")
     ap.add_argument("--steps", type=int, default=3, help="last steps shown per trace (default 3)")
     ap.add_argument("extra", nargs="*", help="more pool-policy options, after --")
     a = ap.parse_args()
