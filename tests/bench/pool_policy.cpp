@@ -17,7 +17,8 @@
 // when recorded (gmem's own traces, GMEM_CONF trace:FILE) asks for the same.
 // --peer-memory gives the device a peer of that many bytes, all of which the
 // pool may use: spills go there before the host.
-// --per-step prints the pool's work per step, a step ending where the
+// --per-step prints the pool's work per step (its mappings, of them host
+// chunks', and the bytes of those), a step ending where the
 // requested bytes come within a 64th of their peak after falling below half
 // of it (as pool/uses.h times steps), and what the pool held then and how
 // much of it was cached free, and of that on the device (the rest is peer and
@@ -290,13 +291,14 @@ int replay(const std::string& path) {
           live_spilled += split.host + split.peer;
         }
         const std::size_t cached_spilled = std::min(cached, held.host + held.peer - live_spilled);
-        printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu) unmaps %llu chunks made %llu "
+        printf("step %d (event %zu): misses %llu hits %llu maps %llu (host %llu, %.1f GB) unmaps %llu chunks made %llu "
                "(host %llu) released %llu syncs %llu; host held %.2f GB, peer %.2f; at the peak %.2f GB cached free "
                "(%.2f on the device) of %.2f GB held%s%s\n",
              step, i, static_cast<unsigned long long>(w.misses - step_from.misses),
              static_cast<unsigned long long>(w.hits - step_from.hits),
              static_cast<unsigned long long>(accounts.maps - step_accounts.maps),
              static_cast<unsigned long long>(accounts.host_maps - step_accounts.host_maps),
+             double(accounts.host_mapped - step_accounts.host_mapped) / 1e9,
              static_cast<unsigned long long>(accounts.unmaps - step_accounts.unmaps),
              static_cast<unsigned long long>(accounts.creates - step_accounts.creates),
              static_cast<unsigned long long>(accounts.host_creates - step_accounts.host_creates),

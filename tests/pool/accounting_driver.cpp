@@ -44,10 +44,13 @@ CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, u
   return CUDA_SUCCESS;
 }
 CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-CUresult map(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
+CUresult map(CUdeviceptr, std::size_t size, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
   ++accounts.maps;
   auto it = accounts.chunks.find(handle);
-  accounts.host_maps += it != accounts.chunks.end() && it->second.host;
+  if (it != accounts.chunks.end() && it->second.host) {
+    ++accounts.host_maps;
+    accounts.host_mapped += size;
+  }
   return CUDA_SUCCESS;
 }
 CUresult unmap(CUdeviceptr, std::size_t) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Replays the spilled traces of the pool-policy tests and benchmarks of a meson
 build, each with the options its test gives it, at several --lag values and with
-more pool-policy options, and prints each run's last steps (misses/maps/host maps: mapping host memory is what costs on a GPU) and
+more pool-policy options, and prints each run's last steps (misses/maps/host maps/GB of
+host chunks mapped: mapping host memory is what costs on a GPU, per page) and
 peak ratio: how a change of the pool's policy moves the steady state of every
 recorded job, frees completing at once (lag 0: the GPU once the pool has kept it
 waiting) or late. A policy's steady state depends on its first steps, so judge a
@@ -20,7 +21,7 @@ import subprocess
 import sys
 
 GUARDS = {"--max-ratio", "--max-steady-maps", "--max-last-step-maps", "--max-steady-cached-free"}
-STEP = re.compile(r"^step (\d+) .*?misses (\d+) hits \d+ maps (\d+) \(host (\d+)\)", re.M)
+STEP = re.compile(r"^step (\d+) .*?misses (\d+) hits \d+ maps (\d+) \(host (\d+), ([\d.]+) GB\)", re.M)
 RATIO = re.compile(r"^BENCH trace_(\S+)_policy_peak_ratio ([\d.]+)", re.M)
 
 
@@ -50,7 +51,7 @@ def runs(build):
 
 
 def replay(binary, args, lag, extra):
-    """Each trace's steps as (misses, maps, host maps) and its peak ratio, in the run's output."""
+    """Each trace's steps as (misses, maps, host maps, host GB mapped) and its peak ratio, in the run's output."""
     out = subprocess.run([binary, "--per-step", "--lag", str(lag)] + extra + args, capture_output=True, text=True)
     if out.returncode != 0:
         return None, out.stderr.strip().splitlines()[-1:] or ["exit %d" % out.returncode]
@@ -59,7 +60,7 @@ def replay(binary, args, lag, extra):
     for line in out.stdout.splitlines():
         m = STEP.match(line)
         if m:
-            steps.append((int(m.group(2)), int(m.group(3)), int(m.group(4))))
+            steps.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5))))
         r = RATIO.match(line)
         if r:
             results.append((r.group(1), steps, float(r.group(2))))
@@ -90,7 +91,7 @@ def main():
                 failed = True
                 continue
             for trace, steps, ratio in results:
-                last = " ".join("%d/%d/%d" % s for s in steps[-a.steps:])
+                last = " ".join("%d/%d/%d/%.1f" % s for s in steps[-a.steps:])
                 print("%-32s lag %-3d %-22s %s | peak ratio %.4f" % (name, lag, trace, last, ratio))
     sys.exit(1 if failed else 0)
 
