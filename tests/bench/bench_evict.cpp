@@ -66,9 +66,7 @@ double micros(Call&& call, const char* name, bool* good) {
   return gmem::bench::call_us(program, std::forward<Call>(call), name, good);
 }
 
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
+using gmem::bench::ms_since;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

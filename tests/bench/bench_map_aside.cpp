@@ -35,9 +35,7 @@ constexpr const char* program = "bench-map-aside";
 bool ok(CUresult status, const char* call) { return gmem::bench::call_ok(program, status, call); }
 
 using Clock = std::chrono::steady_clock;
-double us_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-}
+using gmem::bench::ms_since;
 
 struct Launcher {
   CUfunction spin;
@@ -50,7 +48,7 @@ struct Launcher {
     while (!stop.load()) {
       const Clock::time_point start = Clock::now();
       *good &= ok(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "cuLaunchKernel");
-      longest = std::max(longest, us_since(start));
+      longest = std::max(longest, ms_since(start) * 1e3);
       ++*launches;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -127,7 +125,7 @@ int main() {
         access_us.push_back(gmem::bench::call_us(program, [&] { return cuMemSetAccess(at, chunk, &access, 1); },
                                                  "cuMemSetAccess", &good));
       }
-      mapping_ms = us_since(start) / 1000;
+      mapping_ms = ms_since(start);
       stop = true;
     });
     other = std::thread([&] {
@@ -147,7 +145,7 @@ int main() {
                     ok(cuMemAddressReserve(&small_va, small, 0, 0, 0), "cuMemAddressReserve") &&
                     ok(cuMemMap(small_va, small, 0, h, 0), "cuMemMap") &&
                     ok(cuMemSetAccess(small_va, small, &access, 1), "cuMemSetAccess");
-      device_map = us_since(start);
+      device_map = ms_since(start) * 1e3;
       cuMemUnmap(small_va, small);
       cuMemAddressFree(small_va, small);
       cuMemRelease(h);
@@ -193,7 +191,7 @@ int main() {
   const Clock::time_point set = Clock::now();
   __atomic_store_n(word, 1u, __ATOMIC_SEQ_CST);
   good &= ok(cuEventSynchronize(done), "cuEventSynchronize");
-  std::printf("BENCH stream_wait_value_ms %.3f ms\n", us_since(set) / 1000);
+  std::printf("BENCH stream_wait_value_ms %.3f ms\n", ms_since(set));
   if (!waited) {
     std::fprintf(stderr, "%s: the stream ran past cuStreamWaitValue32 before the word was set\n", program);
     good = false;

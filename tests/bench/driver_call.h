@@ -18,14 +18,19 @@ inline bool call_ok(const char* program, CUresult status, const char* call) {
   return false;
 }
 
+// Milliseconds since `start`.
+inline double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
 // How long `call` (a CUresult()) took, in microseconds; clears *good where it failed.
 template <typename Call>
 double call_us(const char* program, Call&& call, const char* name, bool* good) {
   const auto start = std::chrono::steady_clock::now();
   const CUresult status = call();
-  const auto end = std::chrono::steady_clock::now();
+  const double us = ms_since(start) * 1e3;
   *good &= call_ok(program, status, name);
-  return std::chrono::duration<double, std::micro>(end - start).count();
+  return us;
 }
 
 // The properties of pinned VMM chunks at `location`.
