@@ -16,6 +16,7 @@ what the pool said of its last range.
     python3 tests/traces/made_steps.py [--top N] TRACE
 """
 import argparse
+import collections
 import os
 import re
 import sys
@@ -29,11 +30,36 @@ PLACE = re.compile(r"^# place \d+ step \d+ ([\d.]+) trial=(\S+) bring_in=(\S+)")
 OUT_OF_WORK = "; its stream ran out of work meanwhile"
 
 
+# A range made: its mapping's ms, the request's bytes, its mappings, its bytes
+# on the host, what the pool said of the request's last range, and whether
+# the stream ran out of work meanwhile.
+Made = collections.namedtuple("Made", "ms request mappings host said out_of_work")
+
+
 class Step:
     def __init__(self):
         self.ms, self.trial, self.bring_in = None, "-", "-"
-        self.ranges, self.mappings, self.map_ms, self.out_of_work_ms, self.host = 0, 0, 0.0, 0.0, 0
-        self.made = []  # (map ms, request bytes, mappings, host bytes, what the pool said)
+        self.made = []  # Made, in the trace's order
+
+    @property
+    def ranges(self):
+        return len(self.made)
+
+    @property
+    def mappings(self):
+        return sum(m.mappings for m in self.made)
+
+    @property
+    def map_ms(self):
+        return sum(m.ms for m in self.made)
+
+    @property
+    def out_of_work_ms(self):
+        return sum(m.ms for m in self.made if m.out_of_work)
+
+    @property
+    def host(self):
+        return sum(m.host for m in self.made)
 
 
 def steps_of(lines):
@@ -47,15 +73,11 @@ def steps_of(lines):
                 raise gmem_trace.TraceError(f"line {number}: an allocation without its size: {line.strip()}")
             request = int(fields[2])
         elif m := MADE.match(line):
-            mappings, ms, host, rest = int(m[1]), float(m[2]), int(m[3]), m[4]
-            step.ranges += 1
-            step.mappings += mappings
-            step.map_ms += ms
-            step.host += host
-            if rest.startswith(OUT_OF_WORK):
-                step.out_of_work_ms += ms
+            rest = m[4]
+            out_of_work = rest.startswith(OUT_OF_WORK)
+            if out_of_work:
                 rest = rest[len(OUT_OF_WORK):]
-            step.made.append((ms, request, mappings, host, rest.lstrip("; ")))
+            step.made.append(Made(float(m[2]), request, int(m[1]), int(m[3]), rest.lstrip("; "), out_of_work))
         elif m := PLACE.match(line):
             step.ms, step.trial, step.bring_in = float(m[1]), m[2], m[3]
             steps.append(step)
@@ -76,9 +98,9 @@ def report(steps, top):
         ms = f"{s.ms:.1f}" if s.ms is not None else "-"
         out.append(f"{name:<5} {ms:>8}  {s.trial:<8} {s.bring_in:<9} {s.ranges:>6}  {s.mappings:>8}  "
                    f"{s.map_ms:>6.0f}  {s.out_of_work_ms:>14.0f}  {s.host / 1e9:>7.1f}")
-        for ms_made, request, mappings, host, said in sorted(s.made, key=lambda m: -m[0])[:top]:
-            out.append(f"      {ms_made:8.1f} ms: {size(request)} asked, {mappings} mappings, "
-                       f"{size(host)} on the host{'; ' + said if said else ''}")
+        for m in sorted(s.made, key=lambda m: -m.ms)[:top]:
+            out.append(f"      {m.ms:8.1f} ms: {size(m.request)} asked, {m.mappings} mappings, "
+                       f"{size(m.host)} on the host{'; ' + m.said if m.said else ''}")
     return "\n".join(out)
 
 
