@@ -21,6 +21,7 @@ REPORT_FIELDS = ("allocs", "frees", "bytes", "live", "peak")
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
 SHOWN_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "LD_LIBRARY_PATH", "GMEM_CONF")
 RUN_TIMEOUT_S = 180
+WIDTH = 512  # train.py's default
 
 
 def parse_report(stderr):
@@ -43,7 +44,8 @@ def run(name, args, allocator, loading):
     if loading != "native":
         env["GMEM_CONF"] = ",".join(filter(None, ["report:1", args.conf]))
     losses = os.path.join(args.out, f"losses-{name}.txt")
-    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--steps", str(args.steps), "--losses", losses]
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--steps", str(args.steps), "--width", str(args.width),
+           "--losses", losses]
     changed = [f"{k}={shlex.quote(env[k])}" for k in SHOWN_ENV if k in env and env[k] != os.environ.get(k)]
     result = {"ok": False, "command": " ".join(changed + [shlex.quote(c) for c in cmd])}
     try:
@@ -132,6 +134,8 @@ def bench(args):
         pair = {}
         for loading in ("native", "preload")[:: 1 if i % 2 == 0 else -1]:
             r = run(f"bench-{i}-{loading}", args, allocator, loading)
+            if r["ok"] and loading == "preload" and "total" not in r["report"]:
+                r = r | {"ok": False, "error": "no gmem report (shim not loaded?)"}
             if r["ok"]:
                 pair[loading] = r["median_step_ms"]
                 times[loading].append(r["median_step_ms"])
@@ -144,7 +148,8 @@ def bench(args):
     if ratios:
         shim, native = statistics.median(times["preload"]), statistics.median(times["native"])
         settings = args.conf.split(",") + ([ALLOCATORS[allocator]] if ALLOCATORS[allocator] else [])
-        name = "train_step" + "".join("_" + re.sub(r"\W", "_", c) for c in settings if c)
+        name = "train_step" + (f"_width{args.width}" if args.width != WIDTH else "")
+        name += "".join("_" + re.sub(r"\W", "_", c) for c in settings if c)
         print(f"BENCH {name}_ms {shim:.3f} ms")
         print(f"BENCH {name}_ms_native {native:.3f} ms")
         print(f"BENCH {name}_ratio {statistics.median(ratios):.4f} x")
@@ -158,6 +163,8 @@ def main():
     ap.add_argument("--shim", required=True, help="path of the shim, libcuda.so.1")
     ap.add_argument("--out", required=True, help="folder for losses and logs")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--width", type=int, default=WIDTH,
+                    help=f"train.py's model width (default {WIDTH}: a launch-bound step; 2048: one the GPU bounds)")
     ap.add_argument("--mode", choices=["matrix", "bench", "both"], default="matrix")
     ap.add_argument("--bench-pairs", type=int, default=6, help="--mode bench: pairs of runs (default 6)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the runs under gmem")
