@@ -263,13 +263,19 @@ stats_plane() {
   echo "job exit status: $rc"
   return "$rc"
 }
-# SPILL CONF EXPECT FILL_MIB BLOCK_MIB SPAN_MIB: one allocation past a small
-# device budget (tests/e2e/spill.c); the real driver's placement of it must
-# read EXPECT, gmem must answer device memory for all of it.
+# [--sanitized] SPILL CONF EXPECT FILL_MIB BLOCK_MIB SPAN_MIB: one allocation
+# past a small device budget (tests/e2e/spill.c); the real driver's placement
+# of it must read EXPECT, gmem must answer device memory for all of it. With
+# --sanitized, under compute-sanitizer's memcheck.
 spill_check() {
-  local spill=$1 conf=$2 expect=$3 log rc
+  local run=() log rc
+  if [ "$1" = --sanitized ]; then
+    run=("${sanitizer[@]}")
+    shift
+  fi
+  local spill=$1 conf=$2 expect=$3
   shift 3
-  log=$(env LD_PRELOAD="$shim" GMEM_REAL_LIBCUDA="$real" GMEM_CONF="$conf" "$spill" "$@" 2>&1)
+  log=$("${run[@]}" env LD_PRELOAD="$shim" GMEM_REAL_LIBCUDA="$real" GMEM_CONF="$conf" "$spill" "$@" 2>&1)
   rc=$?
   echo "$log"
   [ "$rc" -eq 0 ] || return "$rc"
@@ -423,6 +429,10 @@ step stitch-vmm-pool 60 "${preload[@]}" GMEM_CONF=pool:vmm,peer_budget:0,host_bu
 # 512 MiB to the NVLinked peer first (two H200s). Prints the copy-engine
 # bandwidth from the host-spilled part next to raw host-NUMA VMM memory.
 step spill-host 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:0 \
+  "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024
+# The same under compute-sanitizer: kernels over the spilled part touch only memory they may.
+step spill-sanitizer 300 spill_check --sanitized "$carry/spill" \
+  pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:0 \
   "1024 MiB allocation on device 256 MiB, peer 0 MiB, host 768 MiB" 768 256 1024
 if [ "$gpus" -ge 2 ]; then
   step spill-peer 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:512M,host_budget:4G,host_prepare:0 \
