@@ -7,7 +7,7 @@
 //               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
-//               [--max-steady-cached-free F] [--own-cost] TRACE...
+//               [--max-steady-cached-free F] [--move-back-below F] [--check-backing] [--own-cost] TRACE...
 // --device-memory is the device's size; without it, a size that leaves the
 // pool as much of the device as it held when the device filled, where the
 // trace says (`# device full`, in gmem's own traces), else 80 GiB.
@@ -58,6 +58,13 @@
 // recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
 // ordered free) on the accounting driver.
+// --move-back-below F has the mover's move (VmmPool::move_back) run once a
+// step, at the first free that leaves the requested bytes below F of their
+// peak, as migrate_after_ms does once the job asks for less than the device
+// holds. --check-backing follows what the accounting driver maps: every byte
+// of a live allocation must be mapped, and no byte of a chunk may lie behind
+// two live allocations at once (after each allocation, and after each move
+// for all of them); a breach is printed and fails the run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,6 +96,8 @@ bool per_step = false, place_by_use = false, bring_in_always = false, recall_ste
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int misses_from = INT32_MAX;
+double move_back_below = 0;
+bool check_backing = false;
 
 std::string gigabytes(uint64_t bytes) {
   char text[32];
@@ -120,6 +129,64 @@ int64_t bring_in(gmem::pool::VmmPool& pool, gmem::pool::Tiers& tiers, const gmem
   }
   return int64_t(double(brought) / 51.0);
 }
+
+// --check-backing: which chunk bytes lie behind which live allocation.
+class BackingCheck {
+ public:
+  // Allocation `id`, `bytes` at `base`, is live: false, with a message
+  // naming `event`, if some of it is not mapped or its chunks' bytes lie
+  // behind another live allocation too.
+  bool add(uint32_t id, CUdeviceptr base, std::size_t bytes, std::size_t event) {
+    std::vector<gmem::accounting::Backing> chunks;
+    if (!gmem::accounting::backing(base, bytes, &chunks)) {
+      fprintf(stderr, "pool-policy: event %zu: allocation %u (%zu bytes at 0x%llx) is not all mapped\n", event, id,
+              bytes, static_cast<unsigned long long>(base));
+      return false;
+    }
+    bool ok = true;
+    for (const gmem::accounting::Backing& c : chunks) {
+      auto next = owned_.lower_bound({c.handle, c.offset});
+      for (auto it : {next, next == owned_.begin() ? owned_.end() : std::prev(next)}) {
+        if (it == owned_.end() || it->first.first != c.handle) continue;
+        const std::size_t from = it->first.second, to = from + it->second.first;
+        if (from < c.offset + c.size && c.offset < to) {
+          fprintf(stderr,
+                  "pool-policy: event %zu: allocation %u (at 0x%llx) and allocation %u share bytes %zu-%zu of chunk %llu\n",
+                  event, id, static_cast<unsigned long long>(base), it->second.second, std::max(from, c.offset),
+                  std::min(to, c.offset + c.size), static_cast<unsigned long long>(c.handle));
+          ok = false;
+        }
+      }
+    }
+    for (const gmem::accounting::Backing& c : chunks) owned_[{c.handle, c.offset}] = {c.size, id};
+    of_[id] = std::move(chunks);
+    return ok;
+  }
+  void remove(uint32_t id) {
+    auto it = of_.find(id);
+    if (it == of_.end()) return;
+    for (const gmem::accounting::Backing& c : it->second) {
+      auto at = owned_.find({c.handle, c.offset});
+      if (at != owned_.end() && at->second.second == id) owned_.erase(at);
+    }
+    of_.erase(it);
+  }
+  // Every live allocation again (after a move changed what lies behind them).
+  bool recheck(const std::vector<CUdeviceptr>& live, const std::vector<uint64_t>& live_bytes, std::size_t event) {
+    owned_.clear();
+    of_.clear();
+    bool ok = true;
+    for (uint32_t id = 0; id < live.size(); ++id) {
+      if (live[id]) ok &= add(id, live[id], live_bytes[id], event);
+    }
+    return ok;
+  }
+
+ private:
+  // By (chunk, offset): the bytes from there and the allocation they lie behind.
+  std::map<std::pair<CUmemGenericAllocationHandle, std::size_t>, std::pair<std::size_t, uint32_t>> owned_;
+  std::map<uint32_t, std::vector<gmem::accounting::Backing>> of_;
+};
 
 int replay(const std::string& path) {
   std::string error;
@@ -197,6 +264,9 @@ int replay(const std::string& path) {
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
   gmem::accounting::Accounts at_steady;
   std::size_t allocs = 0, steady_allocs = 0;
+  BackingCheck backing;
+  bool backing_ok = true, moved_this_step = false;
+  uint64_t moves = 0, moved_bytes = 0;
   for (std::size_t i = 0; i < passes * events; ++i) {
     const gmem::trace::Event& e = trace->events[i % events];
     now = i;
@@ -209,6 +279,7 @@ int replay(const std::string& path) {
         if (uses) uses->freed(live[id], live_bytes[id]);
         pool.free_async(live[id], {nullptr, 1}, false, false);
         live[id] = 0;
+        backing.remove(uint32_t(id));
       }
       std::fill(live_bytes.begin(), live_bytes.end(), 0);
       requested = 0;
@@ -216,7 +287,11 @@ int replay(const std::string& path) {
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
       const gmem::trace::Trace::Use& use = trace->uses[next_use];
-      if (bring_in_always) clock_ns += bring_in(pool, *tiers, driver, use.ids, live, live_bytes);
+      if (bring_in_always) {
+        const uint64_t before = brought_in;
+        clock_ns += bring_in(pool, *tiers, driver, use.ids, live, live_bytes);
+        if (check_backing && brought_in > before) backing_ok &= backing.recheck(live, live_bytes, i % events);
+      }
       uint64_t passed = 0;
       // Counted as the job's launching threads counted it: the pass rule
       // (pool/access.h) looks at each thread's last launch of a function.
@@ -267,12 +342,23 @@ int replay(const std::string& path) {
       live[e.id] = block.base;
       live_bytes[e.id] = e.bytes;
       requested += e.bytes;
+      if (check_backing) backing_ok &= backing.add(e.id, block.base, e.bytes, i % events);
     } else {
       if (uses) uses->freed(live[e.id], live_bytes[e.id]);
       pool.free_async(live[e.id], {nullptr, 1}, false, false);
       live[e.id] = 0;
       requested -= live_bytes[e.id];
       live_bytes[e.id] = 0;
+      backing.remove(e.id);
+      if (tiers && !moved_this_step && double(requested) < move_back_below * double(trace->peak_requested)) {
+        moved_this_step = true;
+        std::vector<gmem::pool::Block> moved;
+        const uint64_t before = pool.work(0).moved_back_bytes;
+        pool.move_back(0, gmem::pool::now_ns(), &moved);
+        moves += !moved.empty();
+        moved_bytes += pool.work(0).moved_back_bytes - before;
+        if (check_backing && !moved.empty()) backing_ok &= backing.recheck(live, live_bytes, i % events);
+      }
     }
     if (step_ends.ended(requested, trace->peak_requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
@@ -315,6 +401,7 @@ int replay(const std::string& path) {
         ++steady_steps;
       }
       step_passed = 0;
+      moved_this_step = false;
       ++step;
       step_from = w;
       step_accounts = accounts;
@@ -327,6 +414,14 @@ int replay(const std::string& path) {
            path.c_str(), gigabytes(steady_passed / steady_steps).c_str());
   }
   if (uses) fputs(uses->report().c_str(), stdout);
+  if (move_back_below > 0) {
+    printf("pool-policy: %s: %llu moves back, %s moved\n", path.c_str(), static_cast<unsigned long long>(moves),
+           gigabytes(moved_bytes).c_str());
+  }
+  if (!backing_ok) {
+    fprintf(stderr, "pool-policy: %s: live allocations shared chunk bytes or lacked mappings (above)\n", path.c_str());
+    return 1;
+  }
   const auto figures = pool.figures(0);
   const double ratio = double(figures.reserved_high) / double(trace->peak_requested);
   printf("BENCH trace_%s_policy_peak_ratio %.4f ratio\n", name.c_str(), ratio);
@@ -459,6 +554,10 @@ int main(int argc, char** argv) {
       passes = std::max<std::size_t>(1, std::strtoull(argv[++i], nullptr, 10));
     } else if (a == "--max-ratio" && i + 1 < argc) {
       max_ratio = std::strtod(argv[++i], nullptr);
+    } else if (a == "--move-back-below" && i + 1 < argc) {
+      move_back_below = std::strtod(argv[++i], nullptr);
+    } else if (a == "--check-backing") {
+      check_backing = true;
     } else if (a == "--own-cost") {
       own_cost();
       ++traces;
@@ -472,7 +571,8 @@ int main(int argc, char** argv) {
             "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
             "[--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--scale F] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
-            "[--max-last-step-maps M] [--max-steady-cached-free F] [--own-cost] TRACE...\n");
+            "[--max-last-step-maps M] [--max-steady-cached-free F] [--move-back-below F] [--check-backing] "
+            "[--own-cost] TRACE...\n");
     return 2;
   }
   return failed;

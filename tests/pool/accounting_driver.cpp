@@ -44,7 +44,13 @@ CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, u
   return CUDA_SUCCESS;
 }
 CUresult address_free(CUdeviceptr, std::size_t) { return CUDA_SUCCESS; }
-CUresult map(CUdeviceptr, std::size_t size, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
+CUresult map(CUdeviceptr ptr, std::size_t size, std::size_t, CUmemGenericAllocationHandle handle, unsigned long long) {
+  auto& mappings = accounts.mappings;
+  auto next = mappings.lower_bound(ptr);
+  const bool overlaps = (next != mappings.end() && next->first < ptr + size) ||
+                        (next != mappings.begin() && std::prev(next)->first + std::prev(next)->second.size > ptr);
+  if (size == 0 || overlaps) return CUDA_ERROR_INVALID_VALUE;
+  mappings.emplace_hint(next, ptr, Accounts::Mapping{size, handle});
   ++accounts.maps;
   auto it = accounts.chunks.find(handle);
   if (it != accounts.chunks.end() && it->second.host) {
@@ -53,7 +59,16 @@ CUresult map(CUdeviceptr, std::size_t size, std::size_t, CUmemGenericAllocationH
   }
   return CUDA_SUCCESS;
 }
-CUresult unmap(CUdeviceptr, std::size_t) {
+CUresult unmap(CUdeviceptr ptr, std::size_t size) {
+  auto& mappings = accounts.mappings;
+  auto first = mappings.lower_bound(ptr), last = first;
+  for (; last != mappings.end() && last->first < ptr + size; ++last) {
+    if (last->first + last->second.size > ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (first != mappings.begin() && std::prev(first)->first + std::prev(first)->second.size > ptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  mappings.erase(first, last);
   ++accounts.unmaps;
   return CUDA_SUCCESS;
 }
@@ -91,6 +106,7 @@ CUresult copy(CUdeviceptr, CUdeviceptr, std::size_t bytes, CUstream) {
   accounts.copied += bytes;
   return CUDA_SUCCESS;
 }
+CUresult copy_now(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) { return copy(dst, src, bytes, nullptr); }
 CUresult stream_synchronize(CUstream) { return synchronize(); }
 CUresult stream_create(CUstream* stream, unsigned) { return *stream = reinterpret_cast<CUstream>(1), CUDA_SUCCESS; }
 CUresult get_current(CUcontext* c) { return *c = context_of(0), CUDA_SUCCESS; }
@@ -127,6 +143,20 @@ void reset(std::size_t total, std::size_t peer_total) {
   now = 0;
 }
 
+bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out) {
+  const auto& mappings = accounts.mappings;
+  auto it = mappings.upper_bound(ptr);
+  if (it == mappings.begin()) return false;
+  --it;
+  for (CUdeviceptr at = ptr; at < ptr + size; ++it) {
+    if (it == mappings.end() || it->first > at || it->first + it->second.size <= at) return false;
+    const std::size_t offset = at - it->first, part = std::min<std::size_t>(it->second.size - offset, ptr + size - at);
+    out->push_back({it->second.handle, offset, part});
+    at += part;
+  }
+  return true;
+}
+
 vmm::Driver driver() {
   vmm::Driver d;
   d.cuMemCreate = create;
@@ -145,6 +175,7 @@ vmm::Driver driver() {
   d.cuEventSynchronize = event_synchronize;
   d.cuCtxSynchronize = synchronize;
   d.cuMemcpyDtoDAsync_v2 = copy;
+  d.cuMemcpyDtoD_v2 = copy_now;
   d.cuStreamSynchronize = stream_synchronize;
   d.cuStreamCreate = stream_create;
   d.cuCtxGetCurrent = get_current;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "vmm/driver.h"
 
@@ -31,8 +32,24 @@ struct Accounts {
   uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
   uint64_t host_creates = 0, host_maps = 0;  // of creates and maps
   uint64_t host_mapped = 0;  // bytes of host chunks mapped (a GPU's mapping costs per page)
-  uint64_t copied = 0;  // bytes, by cuMemcpyDtoDAsync
+  uint64_t copied = 0;  // bytes, by cuMemcpyDtoDAsync and cuMemcpyDtoD
+  // What each mapped address range maps, by its first address. cuMemMap over
+  // a mapped address and cuMemUnmap of part of a mapping fail, as the
+  // driver's do.
+  struct Mapping {
+    std::size_t size;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::map<CUdeviceptr, Mapping> mappings;
 };
+// Memory behind addresses: `size` bytes of chunk `handle` from `offset`.
+struct Backing {
+  CUmemGenericAllocationHandle handle;
+  std::size_t offset, size;
+};
+// The chunks behind [ptr, ptr + size), in address order; false, with `out`
+// as far as it got, where some address in it is not mapped.
+bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out);
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call
 // `now` completes once `now` has advanced by `lag` (0: at once); a

@@ -56,6 +56,41 @@ struct Parts : ::testing::Test {
   }
 };
 
+// The accounting driver keeps what each address maps, and refuses what the
+// driver refuses: a mapping over a mapped address, an unmap of part of a
+// mapping. pool-policy --check-backing reads it back.
+TEST_F(Parts, TheAccountingDriverKnowsWhatLiesBehindEachAddress) {
+  CUmemGenericAllocationHandle a = 0, b = 0;
+  CUmemAllocationProp prop{};
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  ASSERT_EQ(driver.cuMemCreate(&a, 4 * MiB, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(driver.cuMemCreate(&b, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(driver.cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(driver.cuMemMap(va, 4 * MiB, 0, a, 0), CUDA_SUCCESS);
+  EXPECT_EQ(driver.cuMemMap(va + 2 * MiB, 2 * MiB, 0, b, 0), CUDA_ERROR_INVALID_VALUE);  // over a's
+  ASSERT_EQ(driver.cuMemMap(va + 6 * MiB, 2 * MiB, 0, b, 0), CUDA_SUCCESS);
+  std::vector<accounting::Backing> behind;
+  EXPECT_FALSE(accounting::backing(va + 3 * MiB, 4 * MiB, &behind));  // 4-6 MiB: nothing mapped
+  behind.clear();
+  ASSERT_TRUE(accounting::backing(va + 3 * MiB, 1 * MiB, &behind));
+  ASSERT_EQ(behind.size(), 1u);
+  EXPECT_EQ(behind[0].handle, a);
+  EXPECT_EQ(behind[0].offset, 3 * MiB);
+  EXPECT_EQ(behind[0].size, 1 * MiB);
+  EXPECT_EQ(driver.cuMemUnmap(va, 2 * MiB), CUDA_ERROR_INVALID_VALUE);  // half of a's mapping
+  ASSERT_EQ(driver.cuMemUnmap(va, 4 * MiB), CUDA_SUCCESS);
+  ASSERT_EQ(driver.cuMemMap(va + 4 * MiB, 2 * MiB, 0, b, 0), CUDA_SUCCESS);
+  behind.clear();
+  ASSERT_TRUE(accounting::backing(va + 5 * MiB, 2 * MiB, &behind));  // b twice, back to back
+  ASSERT_EQ(behind.size(), 2u);
+  EXPECT_EQ(behind[0].handle, b);
+  EXPECT_EQ(behind[0].offset, 1 * MiB);
+  EXPECT_EQ(behind[1].handle, b);
+  EXPECT_EQ(behind[1].offset, 0u);
+  EXPECT_EQ(behind[1].size, 1 * MiB);
+}
+
 TEST_F(Parts, StreamOrderReusesOnTheStreamOfTheFreeAtOnceElsewhereOnceComplete) {
   accounting::lag = 10;
   Pending p = freed_on(1);
