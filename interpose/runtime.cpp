@@ -247,7 +247,7 @@ void initialise() {
                                 use_vmm, open_stats(rt->config), rt->config.pool_headroom / 100, budgets(rt->config),
                                 rt->config.migrate_after_ms, moving ? &submissions : nullptr, rt->config.track_access,
                                 rt->config.place_by_use, rt->config.track_from / 100, rt->config.evict,
-                                rt->config.bring_in, rt->config.evict_park);
+                                rt->config.bring_in, rt->config.evict_park, rt->config.move_back);
       if (use_vmm) rt->pool->vmm()->recall_by_step(rt->config.recall_steps);
       if (use_vmm && rt->config.torch_retry) {
         static TorchRetry torch_retry;

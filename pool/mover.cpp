@@ -196,6 +196,7 @@ std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext con
 }
 
 void Mover::round(std::chrono::nanoseconds idle) {
+  if (!settings_.move_back && !settings_.evictor) return;
   const int64_t idle_since = now_ns() - idle.count();
   const std::vector<VmmPool::Movable> devices = vmm_.movable(idle_since);
   if (devices.empty() || capturing()) return;

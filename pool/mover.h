@@ -71,6 +71,10 @@ class Mover final : public SpillObserver {
     // While spills go on, the thread has it look every Evictor::period
     // (pool/evictor.h); null: it waits for spills to stop.
     Evictor* evictor = nullptr;
+    // Whether live spilled memory moves back once spills stop (move_back,
+    // and always with an evictor, whose moves it completes); else the mover
+    // only pauses the program for bring_in().
+    bool move_back = true;
   };
   Mover(VmmPool& vmm, const vmm::Driver& driver, Settings settings);
   ~Mover();  // stops and joins the thread

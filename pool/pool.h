@@ -72,7 +72,8 @@ class Pool {
   // publisher, the pool's figures are published through it.
   // The VMM pool spills to peers and the host within `budgets`; with
   // `submissions` and a `move_after` above 0, what live allocations spilled
-  // moves back once spills stop and the device has room (pool/mover.h).
+  // moves back once spills stop and the device has room (pool/mover.h),
+  // unless not `move_back`.
   // With `track_access`, the VMM pool's ranges are listed for the launch hooks (pool/access.h),
   // which count launches once the pool holds `track_from` of a device's memory
   // (a fraction; 0: from the start) or it spills; with `place_by_use` too,
@@ -88,7 +89,7 @@ class Pool {
                 double headroom = VmmPool::default_headroom, Budgets budgets = {},
                 std::chrono::milliseconds move_after = {}, Submissions* submissions = nullptr,
                 bool track_access = false, bool place_by_use = false, double track_from = 0, Evict evict = Evict::off,
-                BringIn bring_in = BringIn::off, bool park = false)
+                BringIn bring_in = BringIn::off, bool park = false, bool move_back = true)
       : driver_(driver),
         publisher_(std::move(publisher)),
         access_(use_vmm && track_access ? std::make_unique<AccessTable>(track_from <= 0) : nullptr),
@@ -112,7 +113,7 @@ class Pool {
                    ? std::make_unique<Mover>(*vmm_, driver_,
                                              Mover::Settings{move_after, submissions, [this] { return quiet(); },
                                                              [this](const auto& blocks) { placement_moved(blocks); },
-                                                             evictor_.get()})
+                                                             evictor_.get(), move_back})
                    : nullptr),
         bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in
                                                                                                  : BringIn::off),

@@ -465,7 +465,7 @@ fi
 # Prints BENCH migrate_{host,peer}_*. Under compute-sanitizer too: a kernel
 # that touched memory while it moved would be reported.
 migrate=("${preload[@]}" GMEM_REAL_LIBCUDA="$real")
-migrate_conf=pool:vmm,device_budget:1G,device_reserve:0,host_prepare:0,migrate_after_ms:200
+migrate_conf=pool:vmm,device_budget:1G,device_reserve:0,host_prepare:0,migrate_after_ms:200,move_back:1
 step migrate 120 "${migrate[@]}" GMEM_CONF=$migrate_conf,peer_budget:0,host_budget:4G "$carry/migrate" host 768 256 512
 # The sanitizer slows the kernels many times over: a longer wait for the move.
 step migrate-sanitizer 300 "${sanitizer[@]}" "${migrate[@]}" GMEM_CONF=$migrate_conf,peer_budget:0,host_budget:4G \

@@ -61,11 +61,19 @@
     "(/run/gmem/host-pool.sock for root, /tmp/gmem-UID/host-pool.sock without "      \
     "XDG_RUNTIME_DIR)")                                                               \
   X(migrate_after_ms, millis, "1000",                                              \
-    "pool:vmm moves the spilled memory of live allocations back to the device once "  \
-    "no allocation has been served with spilled memory for this long (and for twice " \
-    "the longest gap between such allocations, at most 5 minutes) and the device has " \
-    "room again, the time the pool takes to serve such an allocation not counted as a " \
-    "gap; the program's launches and copies pause while it moves; 0: never")         \
+    "with move_back:1, pool:vmm moves the spilled memory of live allocations back to " \
+    "the device once no allocation has been served with spilled memory for this long " \
+    "(and for twice the longest gap between such allocations, at most 5 minutes) and " \
+    "the device has room again, the time the pool takes to serve such an allocation "  \
+    "not counted as a gap; the program's launches and copies pause while it moves; "   \
+    "bring_in and evict move memory only where it is not 0")                         \
+  X(move_back, flag, "0",                                                            \
+    "1: with pool:vmm and migrate_after_ms, live spilled memory moves back to the "    \
+    "device as migrate_after_ms says (evict does so whatever this says); 0: it stays " \
+    "where it lies. Off until it is "                                                  \
+    "understood why a deterministic LM computed other losses after a move back in "    \
+    "each of four runs on an H200, though the move copied its bytes exactly "         \
+    "(docs/results.md, forty-third session)")                                        \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \

@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--nodes", type=float, default=4e5, help="the GCN's nodes (default 400000)")
     ap.add_argument("--ballast", type=float, default=8, help="GB allocated first, freed after --before steps")
     # The GCN at 400000 nodes holds about 13.8 GB: within 16 GiB it fits once the ballast is gone.
-    ap.add_argument("--conf", default="device_budget:16G,peer_budget:0,host_budget:32G,migrate_after_ms:300",
+    ap.add_argument("--conf", default="device_budget:16G,peer_budget:0,host_budget:32G,migrate_after_ms:300,move_back:1",
                     help="GMEM_CONF after pool:vmm,report:1")
     ap.add_argument("--before", type=int, default=3, help="steps with the ballast (spilled)")
     # The mover waits twice the longest gap between the job's spilling

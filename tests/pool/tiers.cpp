@@ -743,6 +743,23 @@ TEST_F(Move, LiveSpilledMemoryMovesBackOnceTheDeviceHasRoom) {
   EXPECT_EQ(spilled_bytes(stats, b), 0u);
 }
 
+// meson's move-off run: migrate_after_ms:50 without move_back (its default,
+// 0): the device has room again, and the spilled memory stays where it lies.
+using MoveOff = Tiers;
+
+TEST_F(MoveOff, LiveSpilledMemoryStaysWhereItLiesWithoutMoveBack) {
+  CUdeviceptr a = alloc(40 * mib);
+  CUdeviceptr b = alloc(40 * mib);
+  fill(b, 40 * mib, 33);
+  ASSERT_FALSE(on_device_0(b + 39 * mib));
+  const uint64_t before = moved_back();
+  free(a);
+  EXPECT_FALSE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));  // Move.* sees it within this
+  EXPECT_FALSE(on_device_0(b + 39 * mib));
+  EXPECT_EQ(spilled_bytes(OwnStats(), b), 16 * mib);
+  check(b, 40 * mib, 33);
+}
+
 // Memory the program keeps using stays where it is: a device chunk freed and
 // taken again every few milliseconds is never idle long enough to make room.
 TEST_F(Move, MemoryInUseIsNotTakenToMakeRoom) {
