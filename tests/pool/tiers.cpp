@@ -690,8 +690,6 @@ TEST_F(MemInfo, TiersReportsTheirRoomInGetInfo) {
 // meson's move runs, migrate_after_ms:50: move (the host tier only) and
 // move-peer (the peer only). moved_back_bytes counts over the whole process:
 // each test reads it as it found it.
-using Move = Tiers;
-
 uint64_t moved_back() { return OwnStats().device(0, GMEM_STAT_moved_back_bytes); }
 
 // Whether the emulated driver's own chunk under `ptr` is device 0's memory
@@ -719,45 +717,52 @@ uint64_t spilled_bytes(const OwnStats& stats, CUdeviceptr p) {
   return stats.placement(p).host_bytes + stats.placement(p).peer_bytes;
 }
 
+class Move : public Tiers {
+ protected:
+  // `room` (40 MiB), then `spilled` (40 MiB, filled with `seed`), whose
+  // last 16 MiB spill past the device's 64: freeing `room` makes room for them.
+  void spill(uint32_t seed) {
+    room = alloc(40 * mib);
+    spilled = alloc(40 * mib);
+    fill(spilled, 40 * mib, seed);
+    ASSERT_FALSE(on_device_0(spilled + 39 * mib));
+  }
+  CUdeviceptr room = 0, spilled = 0;
+};
+
 TEST_F(Move, LiveSpilledMemoryMovesBackOnceTheDeviceHasRoom) {
-  CUdeviceptr a = alloc(40 * mib);
-  CUdeviceptr b = alloc(40 * mib);
-  fill(b, 40 * mib, 31);
-  ASSERT_FALSE(on_device_0(b + 39 * mib));
+  spill(31);
   const uint64_t before = moved_back();
   usleep(300000);
   OwnStats stats;
-  EXPECT_FALSE(on_device_0(b + 39 * mib));
+  EXPECT_FALSE(on_device_0(spilled + 39 * mib));
   EXPECT_EQ(moved_back(), before);
-  EXPECT_EQ(spilled_bytes(stats, b), 16 * mib);
-  free(a);
+  EXPECT_EQ(spilled_bytes(stats, spilled), 16 * mib);
+  free(room);
   ASSERT_TRUE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));
-  EXPECT_TRUE(on_device_0(b + 39 * mib));
-  check(b, 40 * mib, 31);
+  EXPECT_TRUE(on_device_0(spilled + 39 * mib));
+  check(spilled, 40 * mib, 31);
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_bytes) + stats.device(0, GMEM_STAT_peer_bytes), 0u);
   EXPECT_EQ(stats.device(0, GMEM_STAT_host_reserved_bytes) + stats.device(0, GMEM_STAT_peer_reserved_bytes),
             16 * mib);
   EXPECT_EQ(stats.device(0, GMEM_STAT_device_bytes), 40 * mib);
   EXPECT_EQ(stats.device(0, GMEM_STAT_in_use_bytes), 40 * mib);
-  EXPECT_EQ(stats.placement(b).tier, GMEM_TIER_DEVICE);
-  EXPECT_EQ(spilled_bytes(stats, b), 0u);
+  EXPECT_EQ(stats.placement(spilled).tier, GMEM_TIER_DEVICE);
+  EXPECT_EQ(spilled_bytes(stats, spilled), 0u);
 }
 
 // meson's move-off run: migrate_after_ms:50 without move_back (its default,
 // 0): the device has room again, and the spilled memory stays where it lies.
-using MoveOff = Tiers;
+using MoveOff = Move;
 
 TEST_F(MoveOff, LiveSpilledMemoryStaysWhereItLiesWithoutMoveBack) {
-  CUdeviceptr a = alloc(40 * mib);
-  CUdeviceptr b = alloc(40 * mib);
-  fill(b, 40 * mib, 33);
-  ASSERT_FALSE(on_device_0(b + 39 * mib));
+  spill(33);
   const uint64_t before = moved_back();
-  free(a);
+  free(room);
   EXPECT_FALSE(wait_for(GMEM_STAT_moved_back_bytes, before + 16 * mib));  // Move.* sees it within this
-  EXPECT_FALSE(on_device_0(b + 39 * mib));
-  EXPECT_EQ(spilled_bytes(OwnStats(), b), 16 * mib);
-  check(b, 40 * mib, 33);
+  EXPECT_FALSE(on_device_0(spilled + 39 * mib));
+  EXPECT_EQ(spilled_bytes(OwnStats(), spilled), 16 * mib);
+  check(spilled, 40 * mib, 33);
 }
 
 // Memory the program keeps using stays where it is: a device chunk freed and
