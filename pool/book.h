@@ -55,6 +55,10 @@ struct Work {
   // Requests answered out of memory, and what refused on the way: a tier
   // (its budget or the driver: spill_refused), a range's mapping (map_failed).
   uint64_t refused = 0, spill_refused = 0, map_failed = 0;
+  // check_mappings (VmmPool::check_mappings): chunks of live ranges checked
+  // against the driver's mappings, those the books had wrong, and the
+  // request (hits + misses) after which the first was found.
+  uint64_t book_checks = 0, book_mismatches = 0, first_mismatch_request = 0;
 };
 
 struct Book {

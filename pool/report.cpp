@@ -19,6 +19,13 @@ void line(std::string& out, const char* name, const KindStats& k) {
   out += buf;
 }
 
+// check_mappings's figures, where it checked.
+std::string checked(const Work& w) {
+  if (!w.book_checks) return "";
+  return " book_checks=" + std::to_string(w.book_checks) + " book_mismatches=" + std::to_string(w.book_mismatches) +
+         " first_mismatch_request=" + std::to_string(w.first_mismatch_request);
+}
+
 }  // namespace
 
 std::string format_vmm_calls() {
@@ -58,7 +65,7 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
   for (int device : vmm ? vmm->devices() : std::vector<int>{}) {
     const VmmPool::Figures f = vmm->figures(device);
     const VmmPool::Work w = vmm->work(device);
-    char buf[1024];
+    char buf[1536];
     snprintf(buf, sizeof buf,
              "gmem: report vmm-pool device=%d reserved_peak=%zu used_peak=%zu step_peak_reserved=%zu step_peak_used=%zu "
              "step_peak_free_device=%zu hits=%" PRIu64 " misses=%" PRIu64 " step_recalls=%" PRIu64
@@ -66,12 +73,12 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
              " driver_us=%" PRIu64 " moved_back=%" PRIu64 " spilled_made=%" PRIu64 " spilled_released=%" PRIu64
              " spill_us=%" PRIu64 " refused=%" PRIu64 " spill_refused=%" PRIu64 " map_failed=%" PRIu64
              " evicted=%" PRIu64 " prefetched=%" PRIu64 " parked=%" PRIu64 " unparks=%" PRIu64
-             " unparked=%" PRIu64 "\n",
+             " unparked=%" PRIu64 "%s\n",
              device, f.reserved_high, f.used_high, f.step_peak_reserved, f.step_peak_used, f.step_peak_free_device,
              w.hits, w.misses, w.step_recalls, w.repairs, w.chunks_made, w.chunks_released, w.maps,
              w.unmaps, w.driver_ns / 1000, w.moved_back_bytes, w.spilled_made, w.spilled_released, w.spill_ns / 1000,
              w.refused, w.spill_refused, w.map_failed, w.evicted_bytes, w.prefetched_bytes, w.parked_bytes, w.unparks,
-             w.unparked_bytes);
+             w.unparked_bytes, checked(w).c_str());
     out += buf;
   }
   if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n" + format_vmm_calls();

@@ -97,6 +97,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   }
   range->blocks[index] = *out;
   b.add_used(out->physical, out->size);
+  if (range->blocks.size() == 1 || range->live == 1) check_books(device);
   end_step(device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
@@ -385,6 +386,26 @@ std::optional<Block> VmmPool::find(CUdeviceptr ptr) const {
   const Block& block = range->blocks[range->block_index(ptr)];
   if (block.size == 0 || ptr >= block.base + block.size) return Block{};
   return block;
+}
+
+void VmmPool::check_books(int device) {
+  if (!check_mappings_) return;
+  Work& w = books_[device].work;
+  const uint64_t before = w.book_mismatches;
+  ranges_.for_each([&](const Range& r) {
+    if (r.device != device || !r.live || !r.shared.empty() || r.parked()) return;
+    std::size_t offset = 0;
+    for (const Piece* p : r.pieces) {
+      CUmemGenericAllocationHandle handle = 0;
+      const bool mapped =
+          driver_.cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(r.va.base() + offset)) == CUDA_SUCCESS;
+      if (mapped) driver_.cuMemRelease(handle);
+      ++w.book_checks;
+      w.book_mismatches += p->holder != &r || !mapped || handle != p->memory.handle();
+      offset += p->memory.size();
+    }
+  });
+  if (w.book_mismatches > before && !w.first_mismatch_request) w.first_mismatch_request = w.hits + w.misses;
 }
 
 std::size_t VmmPool::cached_bytes(int device) const {

@@ -51,6 +51,13 @@ class VmmPool {
   // it lies, and a range made for one takes the free chunks of the ranges the
   // step's later requests had last, only where no others serve. Set before use.
   void recall_by_step(bool on) { recall_by_step_ = on; }
+  // check_mappings: after every allocation that took a range, and every
+  // move, each chunk of each live range on the device is checked against the
+  // driver (cuMemRetainAllocationHandle at its address): held by that range
+  // and mapped where the range lists it (Work::book_checks, book_mismatches).
+  // A driver call per chunk: for finding where the books and the mappings
+  // part, not for speed. Set before use.
+  void check_mappings(bool on) { check_mappings_ = on; }
   static constexpr std::size_t max_step_requests = 1 << 16;  // a step's requests recalled so, at most
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
@@ -360,6 +367,9 @@ class VmmPool {
   // The free ranges that served the last step's requests after the k-th.
   std::unordered_set<const Range*> due_after(const Steps& steps, std::size_t k) const;
   bool recall_by_step_ = false;
+  bool check_mappings_ = false;
+  // With check_mappings_, the live ranges of `device` against the driver; under mutex_.
+  void check_books(int device);
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };
 

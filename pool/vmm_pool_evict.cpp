@@ -258,6 +258,7 @@ void VmmPool::finish_move(Move& move, bool done) {
   }
   range.moving = false;
   moved_.notify_all();
+  if (done) check_books(move.device);
   // Memory went off the device as a spill would have put it there: the mover
   // leaves it (moving it back would undo the eviction).
   if (done && move.to_host && spill_observer_) spill_observer_->spilled(now_ns());

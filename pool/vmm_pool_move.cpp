@@ -150,6 +150,7 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     }
   }
   b.work.moved_back_bytes += moved;
+  if (moved) check_books(device);
   books_.publish(device, GMEM_STAT_moved_back_bytes, int64_t(moved));
   publish_free_figures(device);
 }

@@ -74,6 +74,12 @@
     "understood why a deterministic LM computed other losses after a move back in "    \
     "each of four runs on an H200, though the move copied its bytes exactly "         \
     "(docs/results.md, forty-third session)")                                        \
+  X(check_mappings, flag, "0",                                                       \
+    "1: with pool:vmm, after every allocation that takes a range and every move, "     \
+    "each chunk of each live range is checked against the driver's mappings "         \
+    "(report:1 prints book_checks, book_mismatches and first_mismatch_request); a "     \
+    "driver call per chunk, for finding where the pool's books and the mappings "      \
+    "part, not for speed")                                                            \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \

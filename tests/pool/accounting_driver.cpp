@@ -31,11 +31,25 @@ CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CU
   return CUDA_SUCCESS;
 }
 CUresult release(CUmemGenericAllocationHandle handle) {
+  if (auto held = accounts.retained.find(handle); held != accounts.retained.end()) {
+    if (--held->second == 0) accounts.retained.erase(held);
+    return CUDA_SUCCESS;
+  }
   auto it = accounts.chunks.find(handle);
   if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
   used_of(it->second.host, it->second.peer) -= it->second.size;
   accounts.chunks.erase(it);
   ++accounts.releases;
+  return CUDA_SUCCESS;
+}
+CUresult retain(CUmemGenericAllocationHandle* handle, void* address) {
+  const auto ptr = reinterpret_cast<CUdeviceptr>(address);
+  auto it = accounts.mappings.upper_bound(ptr);
+  if (it == accounts.mappings.begin() || std::prev(it)->first + std::prev(it)->second.size <= ptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *handle = std::prev(it)->second.handle;
+  ++accounts.retained[*handle];
   return CUDA_SUCCESS;
 }
 CUresult reserve(CUdeviceptr* ptr, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
@@ -161,6 +175,7 @@ vmm::Driver driver() {
   vmm::Driver d;
   d.cuMemCreate = create;
   d.cuMemRelease = release;
+  d.cuMemRetainAllocationHandle = retain;
   d.cuMemAddressReserve = reserve;
   d.cuMemAddressFree = address_free;
   d.cuMemMap = map;

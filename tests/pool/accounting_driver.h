@@ -41,6 +41,8 @@ struct Accounts {
     CUmemGenericAllocationHandle handle;
   };
   std::map<CUdeviceptr, Mapping> mappings;
+  // Handles cuMemRetainAllocationHandle gave out, not yet released again.
+  std::map<CUmemGenericAllocationHandle, uint64_t> retained;
 };
 // Memory behind addresses: `size` bytes of chunk `handle` from `offset`.
 struct Backing {

@@ -711,5 +711,31 @@ TEST_F(EvictorLooks, NothingIsEvictedWhileEvictionIsOffAndWhatWasComesBack) {
   EXPECT_EQ(on_host(large.front()), 0u);
 }
 
+// check_mappings: after each allocation the pool reads its live ranges'
+// mappings back from the driver; a range remapped behind its back is found
+// at the next allocation.
+TEST(CheckMappings, ARangeRemappedBehindThePoolsBackIsFound) {
+  accounting::reset(std::size_t{64} * MiB);
+  const vmm::Driver driver = accounting::driver();
+  VmmPool pool(driver, nullptr);
+  pool.check_mappings(true);
+  Block a, b, c;
+  ASSERT_EQ(pool.alloc(&a, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  ASSERT_EQ(pool.alloc(&b, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  EXPECT_EQ(pool.work(0).book_checks, 3u);  // a's chunk, then a's and b's
+  EXPECT_EQ(pool.work(0).book_mismatches, 0u);
+  CUmemGenericAllocationHandle other = 0;
+  CUmemAllocationProp prop{};
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  ASSERT_EQ(driver.cuMemCreate(&other, 4 * MiB, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(driver.cuMemUnmap(a.base, 4 * MiB), CUDA_SUCCESS);
+  ASSERT_EQ(driver.cuMemMap(a.base, 4 * MiB, 0, other, 0), CUDA_SUCCESS);
+  ASSERT_EQ(pool.alloc(&c, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  EXPECT_EQ(pool.work(0).book_mismatches, 1u);
+  EXPECT_EQ(pool.work(0).first_mismatch_request, 3u);
+  ASSERT_EQ(driver.cuMemUnmap(a.base, 4 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(driver.cuMemRelease(other), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace gmem::pool
