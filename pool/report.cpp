@@ -23,7 +23,9 @@ void line(std::string& out, const char* name, const KindStats& k) {
 std::string checked(const Work& w) {
   if (!w.book_checks) return "";
   return " book_checks=" + std::to_string(w.book_checks) + " book_mismatches=" + std::to_string(w.book_mismatches) +
-         " first_mismatch_request=" + std::to_string(w.first_mismatch_request);
+         " first_mismatch_request=" + std::to_string(w.first_mismatch_request) +
+         " move_checks=" + std::to_string(w.move_checks) + " move_mismatches=" + std::to_string(w.move_mismatches) +
+         " copy_stale=" + std::to_string(w.copy_stale);
 }
 
 }  // namespace

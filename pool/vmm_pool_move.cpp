@@ -112,6 +112,23 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     moves.push_back(std::move(move));
   }
   if (!moves.empty()) status = driver_.cuCtxSynchronize();
+  // check_mappings: each chunk as kernels see it before the move (its range's
+  // old chunk) and after (the copy), and as the copy engines read it.
+  std::vector<uint64_t> seen(moves.size());
+  std::vector<bool> checked(moves.size(), false);
+  for (std::size_t k = 0; check_mappings_ && reader_.through_kernels && status == CUDA_SUCCESS && k < moves.size(); ++k) {
+    const Move& m = moves[k];
+    const CUdeviceptr from = m.from->holder->va.base() + m.offset;
+    const std::size_t size = m.from->memory.size();
+    uint64_t copied = 0, by_copy = 0;
+    if (!reader_.through_kernels(from, size, &seen[k]) || !reader_.through_kernels(m.staging.base(), size, &copied)) {
+      continue;
+    }
+    checked[k] = true;
+    ++b.work.move_checks;
+    b.work.move_mismatches += copied != seen[k];
+    b.work.copy_stale += reader_.through_copy && reader_.through_copy(from, size, &by_copy) && by_copy != seen[k];
+  }
   std::size_t moved = 0;
   std::vector<const Range*> touched;  // whose live blocks are in moved_blocks
   for (Move& m : moves) {
@@ -141,6 +158,11 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     // The spilled chunk stays cached, free, as other spilled chunks do.
     std::erase(m.from->ranges, &holder);
     pieces_.set_free(*m.from);
+    const std::size_t k = std::size_t(&m - moves.data());
+    uint64_t now_seen = 0;
+    if (checked[k] && reader_.through_kernels(holder.va.base() + m.offset, size, &now_seen)) {
+      b.work.move_mismatches += now_seen != seen[k];
+    }
     moved += size;
     if (std::find(touched.begin(), touched.end(), &holder) == touched.end()) {
       touched.push_back(&holder);

@@ -76,10 +76,11 @@
     "(docs/results.md, forty-third session)")                                        \
   X(check_mappings, flag, "0",                                                       \
     "1: with pool:vmm, after every allocation that takes a range and every move, "     \
-    "each chunk of each live range is checked against the driver's mappings "         \
-    "(report:1 prints book_checks, book_mismatches and first_mismatch_request); a "     \
-    "driver call per chunk, for finding where the pool's books and the mappings "      \
-    "part, not for speed")                                                            \
+    "each chunk of each live range is checked against the driver's mappings, and "    \
+    "each chunk moved back is hashed by a kernel before and after the move and read "  \
+    "by a copy (report:1 prints book_checks, book_mismatches, first_mismatch_request, " \
+    "move_checks, move_mismatches and copy_stale); a driver call per chunk, for "      \
+    "finding where the pool's books, mappings and moves part, not for speed")         \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \

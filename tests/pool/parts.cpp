@@ -737,5 +737,54 @@ TEST(CheckMappings, ARangeRemappedBehindThePoolsBackIsFound) {
   EXPECT_EQ(driver.cuMemRelease(other), CUDA_SUCCESS);
 }
 
+// check_mappings with a content reader: each chunk moved back is read as
+// kernels see it before and after the move, and as a copy reads it.
+TEST(CheckMappings, MovesBackAreReadBeforeAndAfter) {
+  accounting::reset(std::size_t{64} * MiB);
+  const vmm::Driver driver = accounting::driver();
+  Budgets budgets;
+  budgets.peer = Amount::of_bytes(0);
+  budgets.peer_reserve = Amount::of_bytes(0);
+  budgets.host = Amount::of_bytes(256 * MiB);
+  budgets.host_prepare = Amount::of_bytes(0);
+  budgets.host_chunk = Amount::of_bytes(8 * MiB);
+  budgets.device_reserve = Amount::of_bytes(0);
+  Tiers tiers(driver, budgets, nullptr, 256 * MiB);
+  VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+  pool.check_mappings(true);
+  // What the reader sees: the same bytes everywhere, or with `losing` other
+  // bytes at each read (a copy that lost some); by copy, with `stale`, bytes
+  // other than the kernels'.
+  bool losing = false, stale = false;
+  uint64_t reads = 0;
+  pool.read_content_with({[&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = losing ? ++reads : 7, true; },
+                          [&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = stale ? 8 : 7, true; }});
+  auto spill_then_move = [&] {
+    Block room, spilled;
+    EXPECT_EQ(pool.alloc(&room, 40 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_EQ(pool.alloc(&spilled, 40 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+    EXPECT_GT(tiers.split(spilled.base, spilled.size).host, 0u);
+    pool.free_async(room.base, {nullptr, 1}, false, false);
+    std::vector<Block> moved;
+    pool.move_back(0, now_ns(), &moved);
+    EXPECT_EQ(moved.size(), 1u);
+    pool.free_async(spilled.base, {nullptr, 1}, false, false);
+  };
+  spill_then_move();
+  const Work w = pool.work(0);
+  EXPECT_GT(w.moved_back_bytes, 0u);
+  EXPECT_GT(w.move_checks, 0u);
+  EXPECT_EQ(w.move_mismatches, 0u);
+  EXPECT_EQ(w.copy_stale, 0u);
+  EXPECT_EQ(w.book_mismatches, 0u);
+  stale = true;
+  spill_then_move();
+  EXPECT_GT(pool.work(0).copy_stale, 0u);
+  EXPECT_EQ(pool.work(0).move_mismatches, 0u);
+  losing = true;
+  spill_then_move();
+  EXPECT_GT(pool.work(0).move_mismatches, 0u);
+}
+
 }  // namespace
 }  // namespace gmem::pool
