@@ -2,6 +2,7 @@
 // spilled memory and room for it, and the move itself, a copy into new device
 // chunks remapped at the same addresses (see vmm_pool.h).
 #include <algorithm>
+#include <optional>
 
 #include "pool/clock.h"
 #include "pool/vmm_pool.h"
@@ -114,20 +115,19 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
   if (!moves.empty()) status = driver_.cuCtxSynchronize();
   // check_mappings: each chunk as kernels see it before the move (its range's
   // old chunk) and after (the copy), and as the copy engines read it.
-  std::vector<uint64_t> seen(moves.size());
-  std::vector<bool> checked(moves.size(), false);
+  std::vector<std::optional<uint64_t>> seen(moves.size());  // none: not checked
   for (std::size_t k = 0; check_mappings_ && reader_.through_kernels && status == CUDA_SUCCESS && k < moves.size(); ++k) {
     const Move& m = moves[k];
     const CUdeviceptr from = m.from->holder->va.base() + m.offset;
     const std::size_t size = m.from->memory.size();
-    uint64_t copied = 0, by_copy = 0;
-    if (!reader_.through_kernels(from, size, &seen[k]) || !reader_.through_kernels(m.staging.base(), size, &copied)) {
+    uint64_t before = 0, copied = 0, by_copy = 0;
+    if (!reader_.through_kernels(from, size, &before) || !reader_.through_kernels(m.staging.base(), size, &copied)) {
       continue;
     }
-    checked[k] = true;
+    seen[k] = before;
     ++b.work.move_checks;
-    b.work.move_mismatches += copied != seen[k];
-    b.work.copy_stale += reader_.through_copy && reader_.through_copy(from, size, &by_copy) && by_copy != seen[k];
+    b.work.move_mismatches += copied != before;
+    b.work.copy_stale += reader_.through_copy && reader_.through_copy(from, size, &by_copy) && by_copy != before;
   }
   std::size_t moved = 0;
   std::vector<const Range*> touched;  // whose live blocks are in moved_blocks
@@ -158,10 +158,10 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     // The spilled chunk stays cached, free, as other spilled chunks do.
     std::erase(m.from->ranges, &holder);
     pieces_.set_free(*m.from);
-    const std::size_t k = std::size_t(&m - moves.data());
-    uint64_t now_seen = 0;
-    if (checked[k] && reader_.through_kernels(holder.va.base() + m.offset, size, &now_seen)) {
-      b.work.move_mismatches += now_seen != seen[k];
+    const std::optional<uint64_t>& before = seen[std::size_t(&m - moves.data())];
+    uint64_t after = 0;
+    if (before && reader_.through_kernels(holder.va.base() + m.offset, size, &after)) {
+      b.work.move_mismatches += after != *before;
     }
     moved += size;
     if (std::find(touched.begin(), touched.end(), &holder) == touched.end()) {

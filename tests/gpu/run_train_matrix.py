@@ -21,7 +21,6 @@ REPORT_FIELDS = ("allocs", "frees", "bytes", "live", "peak")
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
 SHOWN_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "LD_LIBRARY_PATH", "GMEM_CONF")
 RUN_TIMEOUT_S = 180
-WIDTH = 512  # train.py's default
 
 
 def parse_report(stderr):
@@ -44,8 +43,9 @@ def run(name, args, allocator, loading):
     if loading != "native":
         env["GMEM_CONF"] = ",".join(filter(None, ["report:1", args.conf]))
     losses = os.path.join(args.out, f"losses-{name}.txt")
-    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--steps", str(args.steps), "--width", str(args.width),
-           "--losses", losses]
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--steps", str(args.steps), "--losses", losses]
+    if args.width:
+        cmd += ["--width", str(args.width)]
     changed = [f"{k}={shlex.quote(env[k])}" for k in SHOWN_ENV if k in env and env[k] != os.environ.get(k)]
     result = {"ok": False, "command": " ".join(changed + [shlex.quote(c) for c in cmd])}
     try:
@@ -148,7 +148,7 @@ def bench(args):
     if ratios:
         shim, native = statistics.median(times["preload"]), statistics.median(times["native"])
         settings = args.conf.split(",") + ([ALLOCATORS[allocator]] if ALLOCATORS[allocator] else [])
-        name = "train_step" + (f"_width{args.width}" if args.width != WIDTH else "")
+        name = "train_step" + (f"_width{args.width}" if args.width else "")
         name += "".join("_" + re.sub(r"\W", "_", c) for c in settings if c)
         print(f"BENCH {name}_ms {shim:.3f} ms")
         print(f"BENCH {name}_ms_native {native:.3f} ms")
@@ -163,8 +163,8 @@ def main():
     ap.add_argument("--shim", required=True, help="path of the shim, libcuda.so.1")
     ap.add_argument("--out", required=True, help="folder for losses and logs")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--width", type=int, default=WIDTH,
-                    help=f"train.py's model width (default {WIDTH}: a launch-bound step; 2048: one the GPU bounds)")
+    ap.add_argument("--width", type=int,
+                    help="train.py's model width (default: train.py's, a launch-bound step; 2048: one the GPU bounds)")
     ap.add_argument("--mode", choices=["matrix", "bench", "both"], default="matrix")
     ap.add_argument("--bench-pairs", type=int, default=6, help="--mode bench: pairs of runs (default 6)")
     ap.add_argument("--conf", default="", help="more GMEM_CONF settings for the runs under gmem")

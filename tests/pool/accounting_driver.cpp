@@ -43,12 +43,9 @@ CUresult release(CUmemGenericAllocationHandle handle) {
   return CUDA_SUCCESS;
 }
 CUresult retain(CUmemGenericAllocationHandle* handle, void* address) {
-  const auto ptr = reinterpret_cast<CUdeviceptr>(address);
-  auto it = accounts.mappings.upper_bound(ptr);
-  if (it == accounts.mappings.begin() || std::prev(it)->first + std::prev(it)->second.size <= ptr) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  *handle = std::prev(it)->second.handle;
+  std::vector<Backing> behind;
+  if (!backing(reinterpret_cast<CUdeviceptr>(address), 1, &behind)) return CUDA_ERROR_INVALID_VALUE;
+  *handle = behind[0].handle;
   ++accounts.retained[*handle];
   return CUDA_SUCCESS;
 }
