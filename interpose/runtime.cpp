@@ -251,10 +251,10 @@ void initialise() {
       if (use_vmm) {
         rt->pool->vmm()->recall_by_step(rt->config.recall_steps);
         rt->pool->vmm()->check_mappings(rt->config.check_mappings);
-        if (rt->config.check_mappings) {
+        if (rt->config.check_moves) {
           // Moves back read through dedup's hash kernel (the SMs) and a copy to the host.
           static dedup::DeviceHasher hasher(rt->pool->driver());
-          rt->pool->vmm()->read_content_with(
+          rt->pool->vmm()->check_moves(
               {[](CUdeviceptr ptr, std::size_t size, uint64_t* hash) {
                  dedup::DeviceHasher::Path path = dedup::DeviceHasher::Path::cpu;
                  return hasher.hash(ptr, size, hash, &path) == CUDA_SUCCESS && path == dedup::DeviceHasher::Path::gpu;

@@ -59,11 +59,14 @@ struct Work {
   // against the driver's mappings, those the books had wrong, and the
   // request (hits + misses) after which the first was found.
   uint64_t book_checks = 0, book_mismatches = 0, first_mismatch_request = 0;
-  // With check_mappings and a content reader (VmmPool::read_content_with):
-  // chunks moved back whose content was checked, those whose bytes after the
-  // move differ from the kernels' view before it, and those whose bytes the
-  // copy engines read otherwise than the kernels did before the move.
+  // check_moves (VmmPool::check_moves): chunks moved back whose content was
+  // checked, those whose bytes after the move differ from the kernels' view
+  // before it, and those whose bytes the copy engines read otherwise than the
+  // kernels did before the move; the chunks moved from that were read again
+  // after being withheld, and those changed meanwhile; the request (hits +
+  // misses) at the first move back.
   uint64_t move_checks = 0, move_mismatches = 0, copy_stale = 0;
+  uint64_t stale_checks = 0, stale_writes = 0, first_move_request = 0;
 };
 
 struct Book {

@@ -19,13 +19,20 @@ void line(std::string& out, const char* name, const KindStats& k) {
   out += buf;
 }
 
-// check_mappings's figures, where it checked.
+// check_mappings's and check_moves's figures, where they checked.
 std::string checked(const Work& w) {
-  if (!w.book_checks) return "";
-  return " book_checks=" + std::to_string(w.book_checks) + " book_mismatches=" + std::to_string(w.book_mismatches) +
-         " first_mismatch_request=" + std::to_string(w.first_mismatch_request) +
-         " move_checks=" + std::to_string(w.move_checks) + " move_mismatches=" + std::to_string(w.move_mismatches) +
-         " copy_stale=" + std::to_string(w.copy_stale);
+  std::string out;
+  if (w.book_checks) {
+    out += " book_checks=" + std::to_string(w.book_checks) + " book_mismatches=" + std::to_string(w.book_mismatches) +
+           " first_mismatch_request=" + std::to_string(w.first_mismatch_request);
+  }
+  if (w.move_checks) {
+    out += " move_checks=" + std::to_string(w.move_checks) + " move_mismatches=" + std::to_string(w.move_mismatches) +
+           " copy_stale=" + std::to_string(w.copy_stale) + " stale_checks=" + std::to_string(w.stale_checks) +
+           " stale_writes=" + std::to_string(w.stale_writes) +
+           " first_move_request=" + std::to_string(w.first_move_request);
+  }
+  return out;
 }
 
 }  // namespace

@@ -99,6 +99,7 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
   b.add_used(out->physical, out->size);
   if (range->blocks.size() == 1 || range->live == 1) check_books(device);
   end_step(device);
+  if (!withheld_.empty() && !quiet) check_withheld(b, device);
   if (access_ && !access_->counting() &&
       ((tiers_ && tiers_->spilled(device)) || double(b.figures.reserved) >= count_from_ * double(b.total))) {
     access_->start_counting();

@@ -58,13 +58,18 @@ class VmmPool {
   // A driver call per chunk: for finding where the books and the mappings
   // part, not for speed. Set before use.
   void check_mappings(bool on) { check_mappings_ = on; }
-  // With check_mappings, each chunk moved back is also read before and after
-  // the move (Work::move_checks): `through_kernels` hashes device memory as
-  // kernels see it (false where it cannot), `through_copy` as a copy reads it.
+  // check_moves: each chunk moved back is read before and after the move
+  // (Work::move_checks): `through_kernels` hashes device memory as kernels
+  // see it (false where it cannot), `through_copy` as a copy reads it. The
+  // chunk moved from is then withheld from use for `withhold_requests`
+  // requests, mapped at an address of its own, and read again: a change
+  // there was written after the move, through a mapping the remap should
+  // have ended (Work::stale_writes). Set before use.
   struct ContentReader {
     std::function<bool(CUdeviceptr ptr, std::size_t size, uint64_t* hash)> through_kernels, through_copy;
   };
-  void read_content_with(ContentReader reader) { reader_ = std::move(reader); }
+  void check_moves(ContentReader reader) { reader_ = std::move(reader); }
+  static constexpr uint64_t withhold_requests = 1024;
   static constexpr std::size_t max_step_requests = 1 << 16;  // a step's requests recalled so, at most
 
   // `stream`: the identity of the stream the memory is first used on (0: any).
@@ -375,7 +380,16 @@ class VmmPool {
   std::unordered_set<const Range*> due_after(const Steps& steps, std::size_t k) const;
   bool recall_by_step_ = false;
   bool check_mappings_ = false;
-  ContentReader reader_;
+  ContentReader reader_;  // check_moves
+  // check_moves: chunks moved from, out of use (held by Pieces::chosen)
+  // until the request `until`, with their content as the move found it.
+  struct Withheld {
+    Piece* piece;
+    uint64_t hash, until;
+  };
+  std::vector<Withheld> withheld_;
+  // Under the lock: the withheld chunks of `b` whose time is up, read again and freed.
+  void check_withheld(Book& b, int device);
   // With check_mappings_, the live ranges of `device` against the driver; under mutex_.
   void check_books(int device);
   std::vector<CUcontext> contexts_;  // served, not destroyed

@@ -113,10 +113,10 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     moves.push_back(std::move(move));
   }
   if (!moves.empty()) status = driver_.cuCtxSynchronize();
-  // check_mappings: each chunk as kernels see it before the move (its range's
+  // check_moves: each chunk as kernels see it before the move (its range's
   // old chunk) and after (the copy), and as the copy engines read it.
   std::vector<std::optional<uint64_t>> seen(moves.size());  // none: not checked
-  for (std::size_t k = 0; check_mappings_ && reader_.through_kernels && status == CUDA_SUCCESS && k < moves.size(); ++k) {
+  for (std::size_t k = 0; reader_.through_kernels && status == CUDA_SUCCESS && k < moves.size(); ++k) {
     const Move& m = moves[k];
     const CUdeviceptr from = m.from->holder->va.base() + m.offset;
     const std::size_t size = m.from->memory.size();
@@ -155,13 +155,19 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     *std::find(holder.pieces.begin(), holder.pieces.end(), m.from) = m.to;
     m.to->ranges.push_back(&holder);
     m.to->holder = &holder;
-    // The spilled chunk stays cached, free, as other spilled chunks do.
+    // The spilled chunk stays cached, free, as other spilled chunks do
+    // (check_moves: once withheld and read again).
     std::erase(m.from->ranges, &holder);
-    pieces_.set_free(*m.from);
     const std::optional<uint64_t>& before = seen[std::size_t(&m - moves.data())];
     uint64_t after = 0;
     if (before && reader_.through_kernels(holder.va.base() + m.offset, size, &after)) {
       b.work.move_mismatches += after != *before;
+    }
+    if (before && home(*m.from, device) == CUDA_SUCCESS) {
+      m.from->holder = Pieces::chosen;
+      withheld_.push_back({m.from, *before, b.work.hits + b.work.misses + withhold_requests});
+    } else {
+      pieces_.set_free(*m.from);
     }
     moved += size;
     if (std::find(touched.begin(), touched.end(), &holder) == touched.end()) {
@@ -172,9 +178,24 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     }
   }
   b.work.moved_back_bytes += moved;
+  if (moved && !b.work.first_move_request) b.work.first_move_request = b.work.hits + b.work.misses;
   if (moved) check_books(device);
   books_.publish(device, GMEM_STAT_moved_back_bytes, int64_t(moved));
   publish_free_figures(device);
+}
+
+void VmmPool::check_withheld(Book& b, int device) {
+  const uint64_t request = b.work.hits + b.work.misses;
+  std::erase_if(withheld_, [&](const Withheld& w) {
+    if (w.piece->device != device || request < w.until) return false;
+    uint64_t now = 0;
+    if (reader_.through_kernels(w.piece->home.base(), w.piece->memory.size(), &now)) {
+      ++b.work.stale_checks;
+      b.work.stale_writes += now != w.hash;
+    }
+    pieces_.set_free(*w.piece);
+    return true;
+  });
 }
 
 }  // namespace gmem::pool

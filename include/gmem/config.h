@@ -70,17 +70,22 @@
   X(move_back, flag, "0",                                                            \
     "1: with pool:vmm and migrate_after_ms, live spilled memory moves back to the "    \
     "device as migrate_after_ms says (evict does so whatever this says); 0: it stays " \
-    "where it lies. Off until it is "                                                  \
-    "understood why a deterministic LM computed other losses after a move back in "    \
-    "each of four runs on an H200, though the move copied its bytes exactly "         \
-    "(docs/results.md, forty-third session)")                                        \
+    "where it lies. Off while a move back changes a deterministic LM's losses: on an " \
+    "H200, in one pool history, all 6 runs that moved 2 MiB back computed other "      \
+    "losses than the job in memory, and both runs without the move the same ones "     \
+    "(docs/results.md, forty-third and forty-fourth sessions)")                       \
   X(check_mappings, flag, "0",                                                       \
     "1: with pool:vmm, after every allocation that takes a range and every move, "     \
-    "each chunk of each live range is checked against the driver's mappings, and "    \
-    "each chunk moved back is hashed by a kernel before and after the move and read "  \
-    "by a copy (report:1 prints book_checks, book_mismatches, first_mismatch_request, " \
-    "move_checks, move_mismatches and copy_stale); a driver call per chunk, for "      \
-    "finding where the pool's books, mappings and moves part, not for speed")         \
+    "each chunk of each live range is checked against the driver's mappings "        \
+    "(report:1 prints book_checks, book_mismatches and first_mismatch_request); a "    \
+    "driver call per chunk, for finding where the pool's books and mappings part, "   \
+    "not for speed")                                                                  \
+  X(check_moves, flag, "0",                                                          \
+    "1: with move_back, each chunk moved back is hashed by a kernel before and after " \
+    "the move and read by a copy, and the chunk it left is kept out of use for 1024 " \
+    "requests and hashed again (report:1 prints move_checks, move_mismatches, "      \
+    "copy_stale, stale_checks, stale_writes and first_move_request); costs only at "  \
+    "moves, so the pool's history up to the first move is the one without it")       \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \

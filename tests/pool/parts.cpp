@@ -737,9 +737,10 @@ TEST(CheckMappings, ARangeRemappedBehindThePoolsBackIsFound) {
   EXPECT_EQ(driver.cuMemRelease(other), CUDA_SUCCESS);
 }
 
-// check_mappings with a content reader: each chunk moved back is read as
-// kernels see it before and after the move, and as a copy reads it.
-TEST(CheckMappings, MovesBackAreReadBeforeAndAfter) {
+// check_moves: each chunk moved back is read as kernels see it before and
+// after the move, and as a copy reads it; the chunk it left is withheld for
+// VmmPool::withhold_requests requests and read again.
+TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   accounting::reset(std::size_t{64} * MiB);
   const vmm::Driver driver = accounting::driver();
   Budgets budgets;
@@ -753,12 +754,13 @@ TEST(CheckMappings, MovesBackAreReadBeforeAndAfter) {
   VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
   pool.check_mappings(true);
   // What the reader sees: the same bytes everywhere, or with `losing` other
-  // bytes at each read (a copy that lost some); by copy, with `stale`, bytes
+  // bytes at each read (a copy that lost some), with `written` other bytes
+  // from then on (a write after the move); by copy, with `stale`, bytes
   // other than the kernels'.
-  bool losing = false, stale = false;
+  bool losing = false, stale = false, written = false;
   uint64_t reads = 0;
-  pool.read_content_with({[&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = losing ? ++reads : 7, true; },
-                          [&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = stale ? 8 : 7, true; }});
+  pool.check_moves({[&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = losing ? ++reads : written ? 9 : 7, true; },
+                    [&](CUdeviceptr, std::size_t, uint64_t* hash) { return *hash = stale ? 8 : 7, true; }});
   auto spill_then_move = [&] {
     Block room, spilled;
     EXPECT_EQ(pool.alloc(&room, 40 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
@@ -770,13 +772,35 @@ TEST(CheckMappings, MovesBackAreReadBeforeAndAfter) {
     EXPECT_EQ(moved.size(), 1u);
     pool.free_async(spilled.base, {nullptr, 1}, false, false);
   };
+  auto requests = [&](uint64_t count) {
+    for (uint64_t i = 0; i < count; ++i) {
+      Block small;
+      ASSERT_EQ(pool.alloc(&small, 512, 0, nullptr, 1, false), CUDA_SUCCESS);
+      pool.free_async(small.base, {nullptr, 1}, false, false);
+    }
+  };
   spill_then_move();
-  const Work w = pool.work(0);
+  Work w = pool.work(0);
   EXPECT_GT(w.moved_back_bytes, 0u);
   EXPECT_GT(w.move_checks, 0u);
   EXPECT_EQ(w.move_mismatches, 0u);
   EXPECT_EQ(w.copy_stale, 0u);
   EXPECT_EQ(w.book_mismatches, 0u);
+  EXPECT_EQ(w.first_move_request, 2u);
+  // The chunk moved from is read again only once its requests have passed.
+  requests(VmmPool::withhold_requests - 1);
+  EXPECT_EQ(pool.work(0).stale_checks, 0u);
+  requests(1);
+  w = pool.work(0);
+  EXPECT_EQ(w.stale_checks, w.move_checks);
+  EXPECT_EQ(w.stale_writes, 0u);
+  // A write into the chunk moved from, after the move, is found.
+  spill_then_move();
+  written = true;
+  requests(VmmPool::withhold_requests);
+  EXPECT_GT(pool.work(0).stale_writes, 0u);
+  EXPECT_EQ(pool.work(0).first_move_request, 2u);
+  written = false;
   stale = true;
   spill_then_move();
   EXPECT_GT(pool.work(0).copy_stale, 0u);
