@@ -536,6 +536,12 @@ step access-check 120 python3 tests/gpu/access_check.py --shim "$shim" --graph
 
 # Live spilled memory moving back under a training GCN: bit-identical losses.
 step move-train 300 python3 tests/gpu/move_train.py --shim "$shim" --out "$out/move-train"
+# The varying-length LM at 2.2x a 58 GB budget, deterministic, with and without
+# the mover's move back, against the job in memory: every run bit-identical
+# (docs/results.md, forty-fourth session: in one pool history, a 2 MiB move
+# back changed its losses).
+step move-losses 560 python3 tests/gpu/move_losses.py --shim "$shim" --out "$out/move-losses" --budget 400 \
+  --variant move=move_back:1,check_moves:1 --variant stay=move_back:0
 
 # The largest GCN (nodes) and transformer LM (batch) that train under each
 # allocator, gmem's included, with step times and peak physical / peak tensors.

@@ -329,17 +329,20 @@ def compare(paths):
     if (a["job"], a["size"]) != (b["job"], b["size"]):
         print(f"not comparable: {a['job']} {a['size']} against {b['job']} {b['size']}")
         return 1
-    for i, (x, y) in enumerate(zip(a["losses"], b["losses"])):
+    differ = difference(a["losses"], b["losses"])
+    print(f"differ: {differ}" if differ else f"bit-identical: all {len(a['losses'])} losses")
+    return 1 if differ else 0
+
+
+def difference(a, b):
+    """Where two runs' losses (float.hex strings) part, in words; None if bit-identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
-            print(f"differ: first at step {i} (from 0, warmup steps first): "
-                  f"{x} ({float.fromhex(x)!r}) against {y} ({float.fromhex(y)!r})")
-            return 1
-    if len(a["losses"]) != len(b["losses"]):
-        print(f"differ: the first {min(len(a['losses']), len(b['losses']))} losses are bit-identical, "
-              f"but one run has {len(a['losses'])} and the other {len(b['losses'])}")
-        return 1
-    print(f"bit-identical: all {len(a['losses'])} losses")
-    return 0
+            return (f"first at step {i} (from 0, warmup steps first): "
+                    f"{x} ({float.fromhex(x)!r}) against {y} ({float.fromhex(y)!r})")
+    if len(a) != len(b):
+        return f"the first {min(len(a), len(b))} losses are bit-identical, but one run has {len(a)} and the other {len(b)}"
+    return None
 
 
 def main():
