@@ -112,7 +112,12 @@ class Pool {
         mover_(vmm_ && submissions && move_after.count() > 0
                    ? std::make_unique<Mover>(*vmm_, driver_,
                                              Mover::Settings{move_after, submissions, [this] { return quiet(); },
-                                                             [this](const auto& blocks) { placement_moved(blocks); },
+                                                             [this](const auto& blocks) {
+                                                               placement_moved(blocks);
+                                                               for (const Block& b : blocks) {
+                                                                 if (trace_) trace_->mover(b.base);
+                                                               }
+                                                             },
                                                              evictor_.get(), move_back})
                    : nullptr),
         bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in

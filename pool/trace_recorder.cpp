@@ -128,13 +128,13 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   std::fflush(out_);
 }
 
-void TraceRecorder::evictor(CUdeviceptr base, const std::string& what) {
+void TraceRecorder::moved(const char* who, CUdeviceptr base, const std::string& what) {
   std::lock_guard lock(mutex_);
   if (getpid() != pid_) return;
   const long long us = (now_ns() - opened_ns_) / 1000;
   auto it = ids_.find(base);
   const std::string id = it == ids_.end() ? "-" : std::to_string(it->second.id);
-  std::fprintf(out_, "# evictor %lld %s %s\n", us, id.c_str(), what.c_str());
+  std::fprintf(out_, "# %s %lld %s %s\n", who, us, id.c_str(), what.c_str());
   std::fflush(out_);
 }
 

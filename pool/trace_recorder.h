@@ -66,7 +66,10 @@ class TraceRecorder {
   // What the evictor did (pool/evictor.h) with the allocation at `base` (0:
   // none, as for a request not yet served): a comment line, timed as uses
   // are, `# evictor TIME_US ID|- WHAT`, for a study of its moves.
-  void evictor(CUdeviceptr base, const std::string& what);
+  void evictor(CUdeviceptr base, const std::string& what) { moved("evictor", base, what); }
+  // The mover (pool/mover.h) moved the allocation at `base` onto the device
+  // (moved back, or brought in): `# mover TIME_US ID moved`.
+  void mover(CUdeviceptr base) { moved("mover", base, "moved"); }
   // A step the placement's trials timed (Uses::tell_steps): a comment line,
   // timed as uses are, `# place TIME_US WHAT`.
   void place(const std::string& what);
@@ -78,6 +81,8 @@ class TraceRecorder {
  private:
   TraceRecorder(FILE* out, pid_t pid) : out_(out), pid_(pid), opened_ns_(now_ns()) {}
   uint32_t id_for(CUdeviceptr base, std::size_t size);  // under mutex_
+  // `# WHO TIME_US ID|- WHAT`, timed as uses are.
+  void moved(const char* who, CUdeviceptr base, const std::string& what);
   uint32_t stream_number(StreamId stream);  // under mutex_
 
   std::mutex mutex_;

@@ -44,6 +44,8 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     trace->allocated(0x3000, 50, legacy, 0);  // takes id 0 again, on stream 0
     trace->freed(0x9000);                     // never allocated: not written
     trace->allocated(0x4000, 60, 88, 0);      // another stream
+    trace->mover(0x4000);                     // moved onto the device: by its id
+    trace->evictor(0, "unparked-all");        // no allocation: -
     trace->freed(0x2000);
     // A range made while the GPU ran out of work, the request's last range
     // being held by two others.
@@ -64,6 +66,14 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
       << text;
   EXPECT_NE(text.find("# device full: the pool held 83751862272 bytes of the device\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("82678120448"), std::string::npos) << text;
+  // The movers' lines: who, a time, the allocation's id, what.
+  auto line_of = [&](const std::string& who) {
+    const std::size_t at = text.find("# " + who + " ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  const std::string mover = line_of("mover"), evictor = line_of("evictor");
+  EXPECT_TRUE(mover.ends_with(" 2 moved") && mover.size() > 16) << mover;
+  EXPECT_TRUE(evictor.ends_with(" - unparked-all")) << evictor;
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
