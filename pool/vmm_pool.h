@@ -385,6 +385,7 @@ class VmmPool {
   // until the request `until`, with their content as the move found it.
   struct Withheld {
     Piece* piece;
+    CUcontext context;  // its range's, where it is read again
     uint64_t hash, until;
   };
   std::vector<Withheld> withheld_;

@@ -165,7 +165,7 @@ void VmmPool::move_back(int device, int64_t idle_since_ns, std::vector<Block>* m
     }
     if (before && home(*m.from, device) == CUDA_SUCCESS) {
       m.from->holder = Pieces::chosen;
-      withheld_.push_back({m.from, *before, b.work.hits + b.work.misses + withhold_requests});
+      withheld_.push_back({m.from, holder.context(), *before, b.work.hits + b.work.misses + withhold_requests});
     } else {
       pieces_.set_free(*m.from);
     }
@@ -189,9 +189,13 @@ void VmmPool::check_withheld(Book& b, int device) {
   std::erase_if(withheld_, [&](const Withheld& w) {
     if (w.piece->device != device || request < w.until) return false;
     uint64_t now = 0;
-    if (reader_.through_kernels(w.piece->home.base(), w.piece->memory.size(), &now)) {
-      ++b.work.stale_checks;
-      b.work.stale_writes += now != w.hash;
+    CUcontext popped = nullptr;
+    if (driver_.cuCtxPushCurrent_v2(w.context) == CUDA_SUCCESS) {
+      if (reader_.through_kernels(w.piece->home.base(), w.piece->memory.size(), &now)) {
+        ++b.work.stale_checks;
+        b.work.stale_writes += now != w.hash;
+      }
+      driver_.cuCtxPopCurrent_v2(&popped);
     }
     pieces_.set_free(*w.piece);
     return true;
