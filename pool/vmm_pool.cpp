@@ -390,8 +390,8 @@ std::optional<Block> VmmPool::find(CUdeviceptr ptr) const {
 }
 
 void VmmPool::check_books(int device) {
-  if (!check_mappings_) return;
   Work& w = books_[device].work;
+  if (!check_mappings_ && !(reader_.through_kernels && w.first_move_request)) return;
   const uint64_t before = w.book_mismatches;
   ranges_.for_each([&](const Range& r) {
     if (r.device != device || !r.live || !r.shared.empty() || r.parked()) return;

@@ -64,7 +64,8 @@ class VmmPool {
   // chunk moved from is then withheld from use for `withhold_requests`
   // requests, mapped at an address of its own, and read again: a change
   // there was written after the move, through a mapping the remap should
-  // have ended (Work::stale_writes). Set before use.
+  // have ended (Work::stale_writes). From the first move on, the books are
+  // also checked as check_mappings does. Set before use.
   struct ContentReader {
     std::function<bool(CUdeviceptr ptr, std::size_t size, uint64_t* hash)> through_kernels, through_copy;
   };

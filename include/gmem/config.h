@@ -84,8 +84,9 @@
     "1: with move_back, each chunk moved back is hashed by a kernel before and after " \
     "the move and read by a copy, and the chunk it left is kept out of use for 1024 " \
     "requests and hashed again (report:1 prints move_checks, move_mismatches, "      \
-    "copy_stale, stale_checks, stale_writes and first_move_request); costs only at "  \
-    "moves, so the pool's history up to the first move is the one without it")       \
+    "copy_stale, stale_checks, stale_writes and first_move_request); from the first " \
+    "move on, the books are checked as check_mappings does; nothing is checked "      \
+    "before the first move, so the pool's history up to it is the one without it")    \
   X(track_access, flag, "1",                                                         \
     "1: with pool:vmm, each kernel launch's parameters are looked up in the pool's "  \
     "ranges, counting per range the launches that reference it and the host and "    \

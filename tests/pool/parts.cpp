@@ -739,7 +739,8 @@ TEST(CheckMappings, ARangeRemappedBehindThePoolsBackIsFound) {
 
 // check_moves: each chunk moved back is read as kernels see it before and
 // after the move, and as a copy reads it; the chunk it left is withheld for
-// VmmPool::withhold_requests requests and read again.
+// VmmPool::withhold_requests requests and read again; from the first move on
+// (not before), the books are checked after each allocation.
 TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   accounting::reset(std::size_t{64} * MiB);
   const vmm::Driver driver = accounting::driver();
@@ -752,7 +753,6 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   budgets.device_reserve = Amount::of_bytes(0);
   Tiers tiers(driver, budgets, nullptr, 256 * MiB);
   VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
-  pool.check_mappings(true);
   // What the reader sees: the same bytes everywhere, or with `losing` other
   // bytes at each read (a copy that lost some), with `written` other bytes
   // from then on (a write after the move); by copy, with `stale`, bytes
@@ -779,14 +779,19 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
       pool.free_async(small.base, {nullptr, 1}, false, false);
     }
   };
+  Block before;
+  ASSERT_EQ(pool.alloc(&before, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+  pool.free_async(before.base, {nullptr, 1}, false, false);
+  EXPECT_EQ(pool.work(0).book_checks, 0u);
   spill_then_move();
   Work w = pool.work(0);
+  EXPECT_GT(w.book_checks, 0u);
   EXPECT_GT(w.moved_back_bytes, 0u);
   EXPECT_GT(w.move_checks, 0u);
   EXPECT_EQ(w.move_mismatches, 0u);
   EXPECT_EQ(w.copy_stale, 0u);
   EXPECT_EQ(w.book_mismatches, 0u);
-  EXPECT_EQ(w.first_move_request, 2u);
+  EXPECT_EQ(w.first_move_request, 3u);
   // The chunk moved from is read again only once its requests have passed.
   requests(VmmPool::withhold_requests - 1);
   EXPECT_EQ(pool.work(0).stale_checks, 0u);
@@ -799,7 +804,7 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   written = true;
   requests(VmmPool::withhold_requests);
   EXPECT_GT(pool.work(0).stale_writes, 0u);
-  EXPECT_EQ(pool.work(0).first_move_request, 2u);
+  EXPECT_EQ(pool.work(0).first_move_request, 3u);
   written = false;
   stale = true;
   spill_then_move();
