@@ -130,19 +130,6 @@ void Mover::run() {
 
 bool Mover::capturing() const { return settings_.capturing && settings_.capturing(); }
 
-namespace {
-
-// Runs `call` with `context` current; not if it cannot be made current.
-template <typename Call>
-void in_context(const vmm::Driver& driver, CUcontext context, Call&& call) {
-  if (driver.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return;
-  call();
-  CUcontext popped = nullptr;
-  driver.cuCtxPopCurrent_v2(&popped);
-}
-
-}  // namespace
-
 bool Mover::pause() {
   Submissions& gate = *settings_.submissions;
   if (capturing() || !gate.stop()) return false;
@@ -151,7 +138,7 @@ bool Mover::pause() {
   // be made current has no work left to wait for.
   bool synced = !capturing();
   for (CUcontext context : vmm_.contexts()) {
-    if (synced) in_context(driver_, context, [&] { synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS; });
+    if (synced) vmm::in_context(driver_, context, [&] { synced = driver_.cuCtxSynchronize() == CUDA_SUCCESS; });
   }
   if (synced) return gate.hold();  // false: a held caller reopened it
   gate.resume();
@@ -176,7 +163,7 @@ std::size_t Mover::bring_in(const std::vector<CUdeviceptr>& bases, CUcontext con
   if (bases.empty()) return 0;
   std::size_t brought = 0, ranges = 0;
   const auto [held, paused] = this->paused([&](std::vector<Block>* blocks) {
-    in_context(driver_, context, [&] {
+    vmm::in_context(driver_, context, [&] {
       for (CUdeviceptr base : bases) {
         const std::size_t bytes = vmm_.move_in(base);
         if (!bytes) continue;
@@ -202,7 +189,7 @@ void Mover::round(std::chrono::nanoseconds idle) {
   if (devices.empty() || capturing()) return;
   const auto [held, paused] = this->paused([&](std::vector<Block>* blocks) {
     for (const VmmPool::Movable& m : devices) {
-      in_context(driver_, m.context, [&] { vmm_.move_back(m.device, idle_since, blocks); });
+      vmm::in_context(driver_, m.context, [&] { vmm_.move_back(m.device, idle_since, blocks); });
     }
   });
   std::lock_guard lock(mutex_);

@@ -392,7 +392,8 @@ class VmmPool {
   std::vector<Withheld> withheld_;
   // Under the lock: the withheld chunks of `b` whose time is up, read again and freed.
   void check_withheld(Book& b, int device);
-  // With check_mappings_, the live ranges of `device` against the driver; under mutex_.
+  // With check_mappings_, or check_moves once a move was made, the live
+  // ranges of `device` against the driver; under mutex_.
   void check_books(int device);
   std::vector<CUcontext> contexts_;  // served, not destroyed
 };

@@ -188,15 +188,13 @@ void VmmPool::check_withheld(Book& b, int device) {
   const uint64_t request = b.work.hits + b.work.misses;
   std::erase_if(withheld_, [&](const Withheld& w) {
     if (w.piece->device != device || request < w.until) return false;
-    uint64_t now = 0;
-    CUcontext popped = nullptr;
-    if (driver_.cuCtxPushCurrent_v2(w.context) == CUDA_SUCCESS) {
+    vmm::in_context(driver_, w.context, [&] {
+      uint64_t now = 0;
       if (reader_.through_kernels(w.piece->home.base(), w.piece->memory.size(), &now)) {
         ++b.work.stale_checks;
         b.work.stale_writes += now != w.hash;
       }
-      driver_.cuCtxPopCurrent_v2(&popped);
-    }
+    });
     pieces_.set_free(*w.piece);
     return true;
   });

@@ -88,4 +88,13 @@ struct Driver {
   }
 };
 
+// Runs `call` with `context` current; not if it cannot be made current.
+template <typename Call>
+void in_context(const Driver& driver, CUcontext context, Call&& call) {
+  if (driver.cuCtxPushCurrent_v2(context) != CUDA_SUCCESS) return;
+  call();
+  CUcontext popped = nullptr;
+  driver.cuCtxPopCurrent_v2(&popped);
+}
+
 }  // namespace gmem::vmm
