@@ -52,12 +52,25 @@ def run(args, setting, conf, out):
     """One deterministic run of the job: sweep.attempt's result."""
     os.makedirs(out, exist_ok=True)
     child = argparse.Namespace(shim=args.shim, conf=conf, job=args.job, steps=args.steps, warmup=args.warmup,
-                               op_times=False, out=out, timeout=args.timeout)
+                               op_times=False, digests=args.digests, out=out, timeout=args.timeout)
     return sweep.attempt(child, setting, int(args.size), deterministic=True)
 
 
+def digest_difference(reference, digests):
+    """Where a run's kept tensors (sweep.py --digests) hold other bytes than
+    the reference's: None if nowhere, else the tensors and their MiB."""
+    differ = {name: [i for i, (a, b) in enumerate(zip(sums, digests.get(name, []))) if a != b]
+              for name, sums in reference.items() if digests.get(name) != sums}
+    if not differ:
+        return None
+    shown = "; ".join(f"{name} at MiB {', '.join(map(str, mib[:8]))}{' ...' * (len(mib) > 8)} of "
+                      f"{len(reference[name])}" for name, mib in list(differ.items())[:6])
+    return f"{len(differ)} of {len(reference)} kept tensors differ: {shown}{' ...' * (len(differ) > 6)}"
+
+
 def row(name, k, r, reference, seconds):
-    """A markdown row for run k of variant name, and whether it matched (None: failed)."""
+    """A markdown row for run k of variant name, and whether it matched (None:
+    failed); reference: the reference run's losses, and digests with --digests."""
     if not r["ok"]:
         return f"| {name} | {k} | {seconds:.0f} | {r.get('error') or 'out of memory'} (log: {r['log']}) | | | | |", None
     pool = figures(r["report"], "gmem: report vmm-pool device=")
@@ -66,9 +79,12 @@ def row(name, k, r, reference, seconds):
     moved = (f"{pool.get('moved_back', 0) / 2**20:.0f} MiB in {mover.get('pauses', 0)} pauses"
              + (f", {mover['first_round_ms'] / 1e3:.1f} s after the first spill" if mover.get("first_round_ms") else ""))
     checks = ", ".join(f"{key}={pool[key]}" for key in CHECKS if key in pool) or "-"
-    differ = spill_train.difference(reference, r["losses"])
+    differ = spill_train.difference(reference["losses"], r["losses"])
     losses = f"differ: {differ}" if differ else f"bit-identical ({len(r['losses'])})"
-    return f"| {name} | {k} | {seconds:.0f} | {history} | {moved} | {checks} | {losses} |", differ is None
+    kept = digest_difference(reference["digests"], r.get("digests", {})) if "digests" in reference else None
+    if kept:
+        losses += f"; {kept}"
+    return f"| {name} | {k} | {seconds:.0f} | {history} | {moved} | {checks} | {losses} |", not (differ or kept)
 
 
 def main():
@@ -87,6 +103,10 @@ def main():
     ap.add_argument("--budget", type=float, default=480, help="seconds after which no run begins (default 480)")
     ap.add_argument("--timeout", type=int, default=190, help="seconds per run (default 190)")
     ap.add_argument("--reference", help="a spill_train.py --losses file of the same job, in place of a run")
+    ap.add_argument("--digests", action="store_true",
+                    help="also compare, after the last step, the bytes of what the job keeps (its parameters, "
+                         "optimizer state and data) by digests per MiB: where a run first went wrong, before "
+                         "its losses show it")
     ap.add_argument("--reference-setting", choices=list(sweep.SETTINGS), default="async",
                     help="the in-memory reference's setting (default async: torch's cudaMallocAsync)")
     args = ap.parse_args()
@@ -98,22 +118,24 @@ def main():
         variants.append((name, keys))
     if not os.path.isfile(args.shim):
         ap.error(f"--shim {args.shim}: no such file")
+    if args.reference and args.digests:
+        ap.error("--digests needs a reference run: leave out --reference")
     start = time.monotonic()
     if args.reference:
         with open(args.reference) as f:
             ref = json.load(f)
         if (ref["job"], ref["size"]) != (args.job, int(args.size)):
             ap.error(f"--reference {args.reference}: {ref['job']} {ref['size']}, not {args.job} {int(args.size)}")
-        reference = ref["losses"]
+        reference = {"losses": ref["losses"]}
     else:
         r = run(args, args.reference_setting, "", os.path.join(args.out, "reference"))
         if not r["ok"]:
             print(f"move_losses: the reference failed: {r.get('error') or 'out of memory'} (log: {r['log']})",
                   file=sys.stderr)
             return 2
-        reference = r["losses"]
+        reference = {k: r[k] for k in ("losses", "digests") if k in r}
         print(f"reference: {args.job} {int(args.size)} under {args.reference_setting}, reserved peak "
-              f"{r['physical_peak'] / GB:.2f} GB, last loss {float.fromhex(reference[-1])!r}", flush=True)
+              f"{r['physical_peak'] / GB:.2f} GB, last loss {float.fromhex(reference['losses'][-1])!r}", flush=True)
     print("| variant | run | s | reserved peak, hits / misses / repairs | moved back | checks | losses |")
     print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     matched = []

@@ -60,6 +60,31 @@ GMEM_STEP_PEAK = re.compile(r"gmem: report vmm-pool device=0 .*step_peak_reserve
                             r"step_peak_free_device=(\d+)")
 
 
+def kept_tensors(params, opt, data):
+    """What a job keeps from step to step, by name: its parameters, their
+    optimizer state and its data (for --digests)."""
+    names = {p: n for n, p in params.items()}
+    out = {f"param {n}": p for n, p in params.items()}
+    for p, state in opt.state.items():
+        out |= {f"{k} {names[p]}": v for k, v in state.items() if hasattr(v, "is_cuda") and v.is_cuda}
+    return out | {f"data {n}": t for n, t in data.items()}
+
+
+DIGEST_WORDS = 1 << 18  # a digest covers 1 MiB of a tensor's bytes
+
+
+def digests(torch, tensors):
+    """Per tensor, the sums of its bytes' int32 words per MiB: two runs whose
+    tensors' digests differ hold other bytes there (where in the tensor, to
+    the MiB)."""
+    out = {}
+    for name, t in tensors.items():
+        flat = t.detach().contiguous().view(-1).view(torch.uint8)
+        words = torch.nn.functional.pad(flat, (0, -flat.numel() % (4 * DIGEST_WORDS))).view(torch.int32)
+        out[name] = words.view(-1, DIGEST_WORDS).to(torch.int64).sum(1).tolist()
+    return out
+
+
 def gnn_step(torch, nodes):
     """The suite's GCN (models.py) on a fixed random graph of `nodes` nodes."""
     graph = models.gcn_graph(torch, nodes)
@@ -74,6 +99,8 @@ def gnn_step(torch, nodes):
         loss.backward()
         opt.step()
         return loss
+    step.kept = lambda: kept_tensors({"w1": w1, "w2": w2}, opt, {"x": x, "labels": labels} | {
+        f"graph {i}": t for i, t in enumerate(graph)})
     return step
 
 
@@ -89,6 +116,7 @@ def lm_step(torch, batch):
         loss.backward()
         opt.step()
         return loss
+    step.kept = lambda: kept_tensors(dict(model.named_parameters()), opt, {"tokens": tokens})
     return step
 
 
@@ -137,6 +165,8 @@ def lmvar_step(torch, tokens):
         loss.backward()
         opt.step()
         return loss
+    step.kept = lambda: kept_tensors(dict(model.named_parameters()), opt,
+                                     {f"batch {i}": b for i, b in enumerate(batches)})
     return step
 
 
@@ -228,6 +258,8 @@ def child(args):
               "torch_alloc_retries": stats.get("num_alloc_retries", 0)}
     if spilled:
         result["spilled_sample"] = spilled
+    if args.digests:
+        result["digests"] = digests(torch, step.kept())
     if ops:
         result["op_ms"] = ops
     if pcie:
@@ -303,6 +335,8 @@ def attempt(args, setting, size, deterministic=False):
     shown_keys = ("PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD", "GMEM_CONF")
     if args.op_times:
         cmd.append("--op-times")
+    if getattr(args, "digests", False):
+        cmd.append("--digests")
     if deterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS is deterministic only with a fixed workspace
         cmd.append("--deterministic")
@@ -355,6 +389,7 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--op-times", action="store_true", help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--digests", action="store_true", help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS),
                     default=[s for s in SETTINGS if s != "gmem-default"])
     ap.add_argument("--shim", help="gmem's libcuda.so.1 (for the gmem settings)")
