@@ -64,7 +64,8 @@ def digest_difference(reference, digests):
     if not differ:
         return None
     shown = "; ".join(f"{name} at MiB {', '.join(map(str, mib[:8]))}{' ...' * (len(mib) > 8)} of "
-                      f"{len(reference[name])}" for name, mib in list(differ.items())[:6])
+                      f"{len(reference[name])}" if name in digests else f"{name} missing"
+                      for name, mib in list(differ.items())[:6])
     return f"{len(differ)} of {len(reference)} kept tensors differ: {shown}{' ...' * (len(differ) > 6)}"
 
 
