@@ -28,6 +28,7 @@ CUresult create(CUmemGenericAllocationHandle* handle, std::size_t size, const CU
   accounts.host_creates += host;
   *handle = accounts.next_handle++;
   accounts.chunks[*handle] = {size, host, peer};
+  if (accounts.cell) accounts.content[*handle].assign(size / accounts.cell, 0);
   return CUDA_SUCCESS;
 }
 CUresult release(CUmemGenericAllocationHandle handle) {
@@ -39,6 +40,7 @@ CUresult release(CUmemGenericAllocationHandle handle) {
   if (it == accounts.chunks.end()) return CUDA_ERROR_INVALID_VALUE;
   used_of(it->second.host, it->second.peer) -= it->second.size;
   accounts.chunks.erase(it);
+  accounts.content.erase(handle);
   ++accounts.releases;
   return CUDA_SUCCESS;
 }
@@ -112,10 +114,35 @@ CUresult synchronize() {
   for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
   return CUDA_SUCCESS;
 }
-// Copies move no bytes here: a move's (VmmPool::copy) are counted.
-CUresult copy(CUdeviceptr, CUdeviceptr, std::size_t bytes, CUstream) {
+// Visits the cells behind [ptr, ptr + size) in address order, a run of one
+// chunk's at a time; false where some address is not mapped or the range
+// does not fall on cells.
+template <typename Visit>
+bool for_cells(CUdeviceptr ptr, std::size_t size, Visit&& visit) {
+  std::vector<Backing> behind;
+  const std::size_t cell = accounts.cell;
+  if (!cell || ptr % cell || size % cell || !backing(ptr, size, &behind)) return false;
+  for (const Backing& b : behind) {
+    uint64_t* first = accounts.content[b.handle].data() + b.offset / cell;
+    visit(first, first + b.size / cell);
+  }
+  return true;
+}
+
+// Copies are counted (a move's: VmmPool::copy), and carry contents where cells are kept.
+CUresult copy(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream) {
   accounts.copied += bytes;
-  return CUDA_SUCCESS;
+  if (!accounts.cell) return CUDA_SUCCESS;
+  std::vector<uint64_t> from;
+  if (!for_cells(src, bytes, [&](const uint64_t* first, const uint64_t* last) { from.insert(from.end(), first, last); })) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto next = from.cbegin();
+  const bool done = for_cells(dst, bytes, [&](uint64_t* first, uint64_t* last) {
+    std::copy(next, next + (last - first), first);
+    next += last - first;
+  });
+  return done ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 CUresult copy_now(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) { return copy(dst, src, bytes, nullptr); }
 CUresult stream_synchronize(CUstream) { return synchronize(); }
@@ -166,6 +193,19 @@ bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out) {
     at += part;
   }
   return true;
+}
+
+bool write(CUdeviceptr ptr, std::size_t size, uint64_t value) {
+  return for_cells(ptr, size, [&](uint64_t* first, uint64_t* last) { std::fill(first, last, value); });
+}
+
+bool holds(CUdeviceptr ptr, std::size_t size, uint64_t value) {
+  bool same = true;
+  return for_cells(ptr, size,
+                   [&](const uint64_t* first, const uint64_t* last) {
+                     same = same && std::all_of(first, last, [&](uint64_t c) { return c == value; });
+                   }) &&
+         same;
 }
 
 vmm::Driver driver() {

@@ -2,7 +2,7 @@
 // policy replays and the unit tests of its parts: one device whose host has
 // a NUMA node for pinned chunks (the spill tiers' host tier), and with
 // peer_total a second device, its peer; chunks made and released,
-// mappings, copies, and events that complete `lag` calls after they were recorded,
+// mappings, copies (with contents, where a test asks: Accounts::cell), and events that complete `lag` calls after they were recorded,
 // as on a GPU that runs behind the program. Single-threaded.
 #pragma once
 
@@ -43,6 +43,10 @@ struct Accounts {
   std::map<CUdeviceptr, Mapping> mappings;
   // Handles cuMemRetainAllocationHandle gave out, not yet released again.
   std::map<CUmemGenericAllocationHandle, uint64_t> retained;
+  // Where a test sets `cell` (after reset), the chunks' contents: one value
+  // per `cell` bytes of each chunk, 0 when it is made; copies carry them.
+  std::size_t cell = 0;
+  std::map<CUmemGenericAllocationHandle, std::vector<uint64_t>> content;
 };
 // Memory behind addresses: `size` bytes of chunk `handle` from `offset`.
 struct Backing {
@@ -52,6 +56,12 @@ struct Backing {
 // The chunks behind [ptr, ptr + size), in address order; false, with `out`
 // as far as it got, where some address in it is not mapped.
 bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out);
+// Contents (Accounts::cell): every cell of [ptr, ptr + size) set to `value`,
+// as a kernel would write it; false where some address is not mapped or the
+// range does not fall on cells.
+bool write(CUdeviceptr ptr, std::size_t size, uint64_t value);
+// Whether every cell of [ptr, ptr + size) holds `value`, as a kernel reads it.
+bool holds(CUdeviceptr ptr, std::size_t size, uint64_t value);
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call
 // `now` completes once `now` has advanced by `lag` (0: at once); a

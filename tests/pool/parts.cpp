@@ -3,6 +3,9 @@
 // the rest of the pool or a device.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+#include <string>
 #include <unordered_set>
 
 #include "accounting_driver.h"
@@ -813,6 +816,101 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   losing = true;
   spill_then_move();
   EXPECT_GT(pool.work(0).move_mismatches, 0u);
+}
+
+}  // namespace
+}  // namespace gmem::pool
+
+namespace gmem::pool {
+namespace {
+
+// Whatever the pool does with its chunks (stitching, spilling to the host,
+// moving back, trimming, giving back), every live allocation reads back what
+// was written into it: random requests, frees and pool operations on a
+// driver that keeps contents, each allocation written with a value of its
+// own when served and read back after every operation that may move memory.
+TEST(Contents, LiveAllocationsKeepTheirBytes) {
+  constexpr std::size_t cell = 128;  // slab blocks lie at multiples of 128 bytes at least
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    accounting::reset(std::size_t{64} * MiB);
+    accounting::accounts.cell = cell;
+    std::mt19937_64 rng(seed);
+    accounting::lag = rng() % 3;
+    const vmm::Driver driver = accounting::driver();
+    Budgets budgets;
+    budgets.peer = Amount::of_bytes(0);
+    budgets.peer_reserve = Amount::of_bytes(0);
+    budgets.host = Amount::of_bytes(256 * MiB);
+    budgets.host_prepare = Amount::of_bytes(0);
+    budgets.host_chunk = Amount::of_bytes(8 * MiB);
+    budgets.device_reserve = Amount::of_bytes(0);
+    Tiers tiers(driver, budgets, nullptr, 256 * MiB);
+    VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+    pool.recall_by_step(seed % 2);
+    pool.check_mappings(true);
+    struct Live {
+      std::size_t size;
+      uint64_t value;
+      StreamId stream;
+    };
+    std::map<CUdeviceptr, Live> live;
+    // The cells an allocation covers: its block or range holds them all.
+    auto written = [](const Live& l) { return (l.size + cell - 1) / cell * cell; };
+    auto check = [&](const char* after, uint64_t op) {
+      for (const auto& [base, l] : live) {
+        ASSERT_TRUE(accounting::holds(base, written(l), l.value))
+            << "allocation " << l.value << " (" << l.size << " bytes) after " << after << " at op " << op;
+      }
+    };
+    uint64_t moves = 0, spilled = 0;
+    for (uint64_t op = 1; op <= 1500; ++op) {
+      ++accounting::now;
+      const unsigned kind = rng() % 100;
+      if (kind < 45 || live.empty()) {
+        const unsigned scale = rng() % 10;
+        const std::size_t size = scale < 5   ? 1 + rng() % (64 << 10)
+                                 : scale < 8 ? MiB + rng() % (6 * MiB)
+                                             : 8 * MiB + rng() % (32 * MiB);
+        const std::size_t off = size > 8 * MiB && rng() % 4 == 0 ? rng() % size : 0;
+        const StreamId stream = 1 + rng() % 2;
+        Block b;
+        if (pool.alloc(&b, size, 0, nullptr, stream, false, off) != CUDA_SUCCESS) continue;
+        spilled += tiers.split(b.base, b.size).host > 0;
+        ASSERT_EQ(live.count(b.base), 0u) << "an address served twice at op " << op;
+        const Live l{size, op, stream};
+        ASSERT_TRUE(accounting::write(b.base, written(l), l.value));
+        live[b.base] = l;
+      } else if (kind < 85) {
+        auto it = std::next(live.begin(), long(rng() % live.size()));
+        if (rng() % 2) {
+          ASSERT_EQ(pool.free_async(it->first, {nullptr, it->second.stream}, false, false), CUDA_SUCCESS);
+        } else {
+          ASSERT_EQ(pool.free(it->first), CUDA_SUCCESS);
+        }
+        live.erase(it);
+      } else if (kind < 93) {
+        std::vector<Block> moved;
+        pool.move_back(0, now_ns() - int64_t(rng() % 2) * 1'000'000'000, &moved);
+        moves += !moved.empty();
+        check("a move back", op);
+      } else if (kind < 97) {
+        pool.trim(0, rng() % (64 * MiB));
+        check("a trim", op);
+      } else {
+        pool.give_back_cache(false);
+        check("giving back the cache", op);
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+      if (op % 16 == 0) check("requests and frees", op);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    check("the last operation", 0);
+    EXPECT_GT(spilled, 0u);
+    EXPECT_GT(moves, 0u);
+    EXPECT_EQ(pool.work(0).book_mismatches, 0u);
+    for (const auto& [base, l] : live) EXPECT_EQ(pool.free(base), CUDA_SUCCESS);
+  }
 }
 
 }  // namespace
