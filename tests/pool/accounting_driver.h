@@ -62,6 +62,8 @@ bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out);
 bool write(CUdeviceptr ptr, std::size_t size, uint64_t value);
 // Whether every cell of [ptr, ptr + size) holds `value`, as a kernel reads it.
 bool holds(CUdeviceptr ptr, std::size_t size, uint64_t value);
+// A hash of the cells of [ptr, ptr + size) (as VmmPool::ContentReader reads).
+bool digest(CUdeviceptr ptr, std::size_t size, uint64_t* hash);
 extern Accounts accounts;
 // The GPU runs `lag` calls behind the program: an event recorded at call
 // `now` completes once `now` has advanced by `lag` (0: at once); a

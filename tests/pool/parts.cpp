@@ -825,10 +825,12 @@ namespace gmem::pool {
 namespace {
 
 // Whatever the pool does with its chunks (stitching, spilling to the host,
-// moving back, trimming, giving back), every live allocation reads back what
+// moving back, the evictor's moves both ways with and without parking,
+// bringing in, trimming, giving back), every live allocation reads back what
 // was written into it: random requests, frees and pool operations on a
 // driver that keeps contents, each allocation written with a value of its
-// own when served and read back after every operation that may move memory.
+// own when served and read back after every operation that may move memory;
+// check_moves reads the same contents and finds nothing wrong.
 TEST(Contents, LiveAllocationsKeepTheirBytes) {
   constexpr std::size_t cell = 128;  // slab blocks lie at multiples of 128 bytes at least
   for (uint64_t seed = 1; seed <= 12; ++seed) {
@@ -849,6 +851,10 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
     VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
     pool.recall_by_step(seed % 2);
     pool.check_mappings(true);
+    pool.check_moves({accounting::digest, accounting::digest});
+    if (seed % 3 == 0) pool.park_evictions();
+    CUcontext context = nullptr;  // the accounting driver's, which moves need
+    ASSERT_EQ(driver.cuCtxGetCurrent(&context), CUDA_SUCCESS);
     struct Live {
       std::size_t size;
       uint64_t value;
@@ -859,15 +865,30 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
     auto written = [](const Live& l) { return (l.size + cell - 1) / cell * cell; };
     auto check = [&](const char* after, uint64_t op) {
       for (const auto& [base, l] : live) {
+        pool.unpark(base);  // as a call that references it does
         ASSERT_TRUE(accounting::holds(base, written(l), l.value))
             << "allocation " << l.value << " (" << l.size << " bytes) after " << after << " at op " << op;
       }
     };
-    uint64_t moves = 0, spilled = 0;
+    auto any_live = [&] { return std::next(live.begin(), long(rng() % live.size())); };
+    // An eviction (to the host) or its way back, as the evictor carries it
+    // out; now and then abandoned before the remap.
+    auto evictor_move = [&](CUdeviceptr base, bool to_host) {
+      VmmPool::Move m;
+      if (!pool.plan_move(base, to_host, &m)) return false;
+      const bool abandon = rng() % 8 == 0;
+      CUresult status = pool.stage(m);
+      if (to_host && !pool.parks() && status == CUDA_SUCCESS && !abandon) status = pool.remap(m);
+      if (status == CUDA_SUCCESS) status = pool.copy(m, nullptr);
+      if ((!to_host || pool.parks()) && status == CUDA_SUCCESS && !abandon) status = pool.remap(m);
+      pool.finish_move(m, status == CUDA_SUCCESS && !abandon);
+      return status == CUDA_SUCCESS && !abandon;
+    };
+    uint64_t moves_back = 0, spilled = 0, evicted = 0, returned = 0, brought = 0;
     for (uint64_t op = 1; op <= 1500; ++op) {
       ++accounting::now;
       const unsigned kind = rng() % 100;
-      if (kind < 45 || live.empty()) {
+      if (kind < 40 || live.empty()) {
         const unsigned scale = rng() % 10;
         const std::size_t size = scale < 5   ? 1 + rng() % (64 << 10)
                                  : scale < 8 ? MiB + rng() % (6 * MiB)
@@ -875,26 +896,39 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         const std::size_t off = size > 8 * MiB && rng() % 4 == 0 ? rng() % size : 0;
         const StreamId stream = 1 + rng() % 2;
         Block b;
-        if (pool.alloc(&b, size, 0, nullptr, stream, false, off) != CUDA_SUCCESS) continue;
+        if (pool.alloc(&b, size, 0, context, stream, false, off) != CUDA_SUCCESS) continue;
         spilled += tiers.split(b.base, b.size).host > 0;
         ASSERT_EQ(live.count(b.base), 0u) << "an address served twice at op " << op;
         const Live l{size, op, stream};
         ASSERT_TRUE(accounting::write(b.base, written(l), l.value));
         live[b.base] = l;
-      } else if (kind < 85) {
-        auto it = std::next(live.begin(), long(rng() % live.size()));
+      } else if (kind < 72) {
+        auto it = any_live();
+        pool.unpark(it->first);
         if (rng() % 2) {
           ASSERT_EQ(pool.free_async(it->first, {nullptr, it->second.stream}, false, false), CUDA_SUCCESS);
         } else {
           ASSERT_EQ(pool.free(it->first), CUDA_SUCCESS);
         }
         live.erase(it);
-      } else if (kind < 93) {
+      } else if (kind < 79) {
         std::vector<Block> moved;
         pool.move_back(0, now_ns() - int64_t(rng() % 2) * 1'000'000'000, &moved);
-        moves += !moved.empty();
+        moves_back += !moved.empty();
         check("a move back", op);
-      } else if (kind < 97) {
+      } else if (kind < 88) {
+        const std::vector<VmmPool::Live> ranges = pool.live_ranges(0);
+        if (ranges.empty()) continue;
+        const VmmPool::Live& r = ranges[rng() % ranges.size()];
+        const bool to_host = r.spilled < r.size && rng() % 2;
+        (to_host ? evicted : returned) += evictor_move(r.base, to_host);
+        check(to_host ? "an eviction" : "a move to the device", op);
+      } else if (kind < 92) {
+        const std::vector<VmmPool::Live> ranges = pool.live_ranges(0);
+        if (ranges.empty()) continue;
+        brought += pool.move_in(ranges[rng() % ranges.size()].base) > 0;
+        check("bringing in", op);
+      } else if (kind < 96) {
         pool.trim(0, rng() % (64 * MiB));
         check("a trim", op);
       } else {
@@ -907,9 +941,20 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
     }
     check("the last operation", 0);
     EXPECT_GT(spilled, 0u);
-    EXPECT_GT(moves, 0u);
-    EXPECT_EQ(pool.work(0).book_mismatches, 0u);
-    for (const auto& [base, l] : live) EXPECT_EQ(pool.free(base), CUDA_SUCCESS);
+    EXPECT_GT(moves_back, 0u);
+    EXPECT_GT(evicted, 0u);
+    EXPECT_GT(returned, 0u);
+    EXPECT_GT(brought, 0u);
+    const VmmPool::Work w = pool.work(0);
+    EXPECT_EQ(w.book_mismatches, 0u);
+    EXPECT_GT(w.move_checks, 0u);
+    EXPECT_EQ(w.move_mismatches, 0u);
+    EXPECT_EQ(w.copy_stale, 0u);
+    EXPECT_EQ(w.stale_writes, 0u);
+    for (const auto& [base, l] : live) {
+      pool.unpark(base);
+      EXPECT_EQ(pool.free(base), CUDA_SUCCESS);
+    }
   }
 }
 
