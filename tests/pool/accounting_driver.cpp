@@ -108,7 +108,10 @@ CUresult event_create(CUevent* event, unsigned) {
 uint64_t& recorded_at(CUevent e) { return recorded[reinterpret_cast<std::size_t>(e) - 1]; }
 CUresult event_record(CUevent e, CUstream) { return recorded_at(e) = now, CUDA_SUCCESS; }
 CUresult event_query(CUevent e) { return now >= recorded_at(e) + lag ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-CUresult event_synchronize(CUevent e) { return recorded_at(e) = 0, CUDA_SUCCESS; }
+CUresult event_synchronize(CUevent e) {
+  ++accounts.event_syncs;
+  return recorded_at(e) = 0, CUDA_SUCCESS;
+}
 CUresult synchronize() {
   ++accounts.syncs;
   for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));

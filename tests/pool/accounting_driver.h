@@ -29,7 +29,7 @@ struct Accounts {
   std::map<CUmemGenericAllocationHandle, Chunk> chunks;
   CUmemGenericAllocationHandle next_handle = 1;
   CUdeviceptr next_address = CUdeviceptr{1} << 40;
-  uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0;
+  uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, events = 0, syncs = 0, event_syncs = 0;
   uint64_t host_creates = 0, host_maps = 0;  // of creates and maps
   uint64_t host_mapped = 0;  // bytes of host chunks mapped (a GPU's mapping costs per page)
   uint64_t copied = 0;  // bytes, by cuMemcpyDtoDAsync and cuMemcpyDtoD

@@ -830,7 +830,9 @@ namespace {
 // was written into it: random requests, frees and pool operations on a
 // driver that keeps contents, each allocation written with a value of its
 // own when served and read back after every operation that may move memory;
-// check_moves reads the same contents and finds nothing wrong.
+// check_moves reads the same contents and finds nothing wrong. And memory
+// freed on one stream serves an allocation on another (or a move) only once
+// the free completed.
 TEST(Contents, LiveAllocationsKeepTheirBytes) {
   constexpr std::size_t cell = 128;  // slab blocks lie at multiples of 128 bytes at least
   for (uint64_t seed = 1; seed <= 12; ++seed) {
@@ -871,6 +873,36 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
       }
     };
     auto any_live = [&] { return std::next(live.begin(), long(rng() % live.size())); };
+    // Stream order: memory freed on one stream serves another only once the
+    // free completed (its event, `lag` calls on, or a synchronization).
+    struct Freed {
+      std::vector<accounting::Backing> behind;
+      StreamId stream;
+      uint64_t at, syncs;
+    };
+    std::vector<Freed> pending;
+    auto syncs = [] { return accounting::accounts.syncs + accounting::accounts.event_syncs; };
+    auto behind = [&](CUdeviceptr base, const Live& l) {
+      std::vector<accounting::Backing> out;
+      EXPECT_TRUE(accounting::backing(base, written(l), &out));
+      return out;
+    };
+    auto check_order = [&](CUdeviceptr base, const Live& l, uint64_t op) {
+      std::erase_if(pending, [&](const Freed& f) { return accounting::now >= f.at + accounting::lag || f.syncs != syncs(); });
+      for (const accounting::Backing& b : behind(base, l)) {
+        for (const Freed& f : pending) {
+          for (const accounting::Backing& g : f.behind) {
+            ASSERT_FALSE(f.stream != l.stream && b.handle == g.handle && b.offset < g.offset + g.size &&
+                         g.offset < b.offset + b.size)
+                << "allocation " << l.value << " on stream " << l.stream << " holds memory freed on stream "
+                << f.stream << " before the free completed, at op " << op;
+          }
+        }
+      }
+    };
+    auto check_moved = [&](uint64_t op) {
+      for (const auto& [base, l] : live) check_order(base, l, op);
+    };
     // An eviction (to the host) or its way back, as the evictor carries it
     // out; now and then abandoned before the remap.
     auto evictor_move = [&](CUdeviceptr base, bool to_host) {
@@ -901,11 +933,13 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         ASSERT_EQ(live.count(b.base), 0u) << "an address served twice at op " << op;
         const Live l{size, op, stream};
         ASSERT_TRUE(accounting::write(b.base, written(l), l.value));
+        check_order(b.base, l, op);
         live[b.base] = l;
       } else if (kind < 72) {
         auto it = any_live();
         pool.unpark(it->first);
         if (rng() % 2) {
+          pending.push_back({behind(it->first, it->second), it->second.stream, accounting::now, syncs()});
           ASSERT_EQ(pool.free_async(it->first, {nullptr, it->second.stream}, false, false), CUDA_SUCCESS);
         } else {
           ASSERT_EQ(pool.free(it->first), CUDA_SUCCESS);
@@ -916,6 +950,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         pool.move_back(0, now_ns() - int64_t(rng() % 2) * 1'000'000'000, &moved);
         moves_back += !moved.empty();
         check("a move back", op);
+        check_moved(op);
       } else if (kind < 88) {
         const std::vector<VmmPool::Live> ranges = pool.live_ranges(0);
         if (ranges.empty()) continue;
@@ -923,11 +958,13 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         const bool to_host = r.spilled < r.size && rng() % 2;
         (to_host ? evicted : returned) += evictor_move(r.base, to_host);
         check(to_host ? "an eviction" : "a move to the device", op);
+        check_moved(op);
       } else if (kind < 92) {
         const std::vector<VmmPool::Live> ranges = pool.live_ranges(0);
         if (ranges.empty()) continue;
         brought += pool.move_in(ranges[rng() % ranges.size()].base) > 0;
         check("bringing in", op);
+        check_moved(op);
       } else if (kind < 96) {
         pool.trim(0, rng() % (64 * MiB));
         check("a trim", op);
