@@ -71,10 +71,10 @@
     "1: with pool:vmm and migrate_after_ms, live spilled memory moves back to the "    \
     "device as migrate_after_ms says (evict does so whatever this says); 0: it stays " \
     "where it lies. Off while a move back seems to change a deterministic LM's "       \
-    "losses: on an H200, all 6 runs that moved 2 MiB back computed other losses than " \
-    "the job in memory, and both runs without the move that reached the same "        \
-    "reserved peak the same ones (docs/results.md, forty-third and forty-fourth "     \
-    "sessions)")                                                                      \
+    "losses: on an H200, all 8 runs that moved 2 MiB back computed other losses than " \
+    "the job in memory, and all runs without the move that reached the same "         \
+    "reserved peak the same ones, though check_moves found every move exact "         \
+    "(docs/results.md, forty-third to forty-fifth sessions)")                         \
   X(check_mappings, flag, "0",                                                       \
     "1: with pool:vmm, after every allocation that takes a range and every move, "     \
     "each chunk of each live range is checked against the driver's mappings "        \
