@@ -148,7 +148,9 @@ void start_host_lease(Runtime& rt) {
 }
 
 // The VMM pool's requests go to an allocation trace; a file that cannot be
-// written is said, and the job runs without it.
+// written is said, and the job runs without it. Launched kernels are named
+// there by the driver: a function's name, or a library kernel's (cuLaunchKernel
+// takes either).
 void start_trace(Runtime& rt) {
   std::string error;
   std::unique_ptr<pool::TraceRecorder> trace = pool::TraceRecorder::open(rt.config.trace.path, &error);
@@ -156,6 +158,14 @@ void start_trace(Runtime& rt) {
     log_message(LogLevel::error, "trace: %s; no allocation trace is written", error.c_str());
     return;
   }
+  trace->name_kernels([](const void* function) {
+    using Name = CUresult (*)(const char**, const void*);
+    const char* name = nullptr;
+    for (const unsigned fn : {gmem::fn_cuFuncGetName, gmem::fn_cuKernelGetName}) {
+      if (reinterpret_cast<Name>(gmem_real_table[fn])(&name, function) == CUDA_SUCCESS && name) return std::string(name);
+    }
+    return std::string();
+  });
   rt.pool->record_trace(std::move(trace));
 }
 

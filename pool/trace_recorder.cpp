@@ -38,7 +38,8 @@ std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, s
                "# gmem allocation trace v1\n"
                "# recorded by gmem (GMEM_CONF trace:FILE), pid %d, %s\n"
                "# the fifth field of an allocation: its bytes placed off the device by use\n"
-               "# u TIME_US tTHREAD [kFUNCTION] ID[+OFFSET]...: a launch referenced these large allocations (while the pool counts launches)\n",
+               "# u TIME_US tTHREAD [kFUNCTION] ID[+OFFSET]...: a launch referenced these large allocations (while the pool counts launches)\n"
+               "# kFUNCTION NAME: the kernel's name, before its first u line\n",
                int(getpid()), when);
   std::fflush(out);
   return std::unique_ptr<TraceRecorder>(new TraceRecorder(out, getpid()));
@@ -110,20 +111,27 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   std::lock_guard lock(mutex_);
   if (getpid() != pid_) return;
   const long long us = (now_ns() - opened_ns_) / 1000;
-  bool written = false;
-  for (const RangeReference& reference : references) {
+  auto traced = [&](const RangeReference& reference) {
     auto it = ids_.find(reference.base);
-    if (it == ids_.end() || reference.offset >= it->second.size) continue;
-    if (!written) {
-      const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
-      std::fprintf(out_, "u %lld t%u", us, thread);
-      if (function) std::fprintf(out_, " k%u", functions_.try_emplace(function, uint32_t(functions_.size())).first->second);
+    return it != ids_.end() && reference.offset < it->second.size ? &it->second : nullptr;
+  };
+  if (std::none_of(references.begin(), references.end(), traced)) return;
+  const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
+  if (function) {
+    const auto [it, first] = functions_.try_emplace(function, uint32_t(functions_.size()));
+    if (first && name_) {
+      if (const std::string name = name_(function); !name.empty()) std::fprintf(out_, "# k%u %s\n", it->second, name.c_str());
     }
-    written = true;
-    std::fprintf(out_, " %u", it->second.id);
+    std::fprintf(out_, "u %lld t%u k%u", us, thread, it->second);
+  } else {
+    std::fprintf(out_, "u %lld t%u", us, thread);
+  }
+  for (const RangeReference& reference : references) {
+    const Traced* it = traced(reference);
+    if (!it) continue;
+    std::fprintf(out_, " %u", it->id);
     if (reference.offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(reference.offset));
   }
-  if (!written) return;
   std::fputc('\n', out_);
   std::fflush(out_);
 }

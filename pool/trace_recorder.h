@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,8 +57,13 @@ class TraceRecorder {
   // (larger where a cached range served a smaller request), is left out: a
   // trace's uses lie within its allocations. Threads
   // and functions are written as small numbers, in the order first seen, so
-  // a replay can count passes as the launching threads did (pool-policy).
+  // a replay can count passes as the launching threads did (pool-policy);
+  // with name_kernels, a function's first use follows a comment line
+  // `# kNUMBER NAME`.
   void used(const void* function, const std::vector<RangeReference>& references);
+  // How a launched function's name is had (null or an empty answer: none
+  // written). Set once, before any launch is counted.
+  void name_kernels(std::function<std::string(const void*)> name) { name_ = std::move(name); }
   // The device first spilled, the pool then holding `device_bytes` of its
   // memory: a comment line, written once, from which a replay takes the
   // device's size (pool-policy). `device_full_said`: whether it was written.
@@ -99,6 +105,7 @@ class TraceRecorder {
   std::unordered_map<StreamId, uint32_t> streams_;
   std::unordered_map<std::thread::id, uint32_t> threads_;  // that launched, numbered
   std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
+  std::function<std::string(const void*)> name_;
   bool device_full_ = false;  // said
   bool counting_ = false;     // said
 };

@@ -139,4 +139,35 @@ TEST(TraceRecorder, UsesNameTheirThreadTheirFunctionAndOffsets) {
   EXPECT_EQ(t->uses[3].function, 0u);
 }
 
+// With name_kernels, a function's first use follows a comment line that
+// names it, once; a function with no name gets none. Readers skip the names.
+TEST(TraceRecorder, KernelsAreNamedAtTheirFirstUse) {
+  std::string error;
+  {
+    auto trace = TraceRecorder::open(temp_pattern(), &error);
+    ASSERT_TRUE(trace) << error;
+    const int f = 0, g = 0, unnamed = 0;
+    trace->name_kernels([&](const void* function) {
+      return function == &f ? std::string("_Z6gemmv") : function == &g ? std::string("softmax") : std::string();
+    });
+    constexpr CUdeviceptr a = 0x10000000;
+    trace->allocated(a, 256 << 20, 0, 0);
+    trace->used(&f, {{0x30000000, 0}});  // nothing it saw: no line, and no name yet
+    trace->used(&f, {{a, 0}});
+    trace->used(&g, {{a, 8}});
+    trace->used(&f, {{a, 16}});
+    trace->used(&unnamed, {{a, 24}});
+  }
+  const std::string text = written();
+  EXPECT_NE(text.find("# k0 _Z6gemmv\nu "), std::string::npos) << text;
+  EXPECT_NE(text.find(" t0 k0 0\n# k1 softmax\nu "), std::string::npos) << text;
+  EXPECT_EQ(text.find("# k0", text.find("# k0") + 1), std::string::npos) << text;  // once
+  EXPECT_EQ(text.find("# k2"), std::string::npos) << text;
+  EXPECT_NE(text.find(" t0 k2 0+24\n"), std::string::npos) << text;
+  auto t = gmem::trace::load(temp_path(), &error);
+  std::remove(temp_path().c_str());
+  ASSERT_TRUE(t) << error;
+  EXPECT_EQ(t->uses.size(), 4u);
+}
+
 }  // namespace
