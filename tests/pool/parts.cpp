@@ -21,6 +21,19 @@ namespace {
 
 constexpr std::size_t MiB = 1 << 20;
 
+// The spill tiers of the tests that move memory: the host only, 256 MiB of
+// it in chunks of 8 MiB, none prepared ahead, nothing of the device held back.
+Budgets host_tier_budgets() {
+  Budgets budgets;
+  budgets.peer = Amount::of_bytes(0);
+  budgets.peer_reserve = Amount::of_bytes(0);
+  budgets.host = Amount::of_bytes(256 * MiB);
+  budgets.host_prepare = Amount::of_bytes(0);
+  budgets.host_chunk = Amount::of_bytes(8 * MiB);
+  budgets.device_reserve = Amount::of_bytes(0);
+  return budgets;
+}
+
 // The parts stacked as VmmPool stacks them, on a fresh accounting driver.
 struct Parts : ::testing::Test {
   void SetUp() override { accounting::reset(std::size_t{64} * MiB); }
@@ -747,14 +760,7 @@ TEST(CheckMappings, ARangeRemappedBehindThePoolsBackIsFound) {
 TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   accounting::reset(std::size_t{64} * MiB);
   const vmm::Driver driver = accounting::driver();
-  Budgets budgets;
-  budgets.peer = Amount::of_bytes(0);
-  budgets.peer_reserve = Amount::of_bytes(0);
-  budgets.host = Amount::of_bytes(256 * MiB);
-  budgets.host_prepare = Amount::of_bytes(0);
-  budgets.host_chunk = Amount::of_bytes(8 * MiB);
-  budgets.device_reserve = Amount::of_bytes(0);
-  Tiers tiers(driver, budgets, nullptr, 256 * MiB);
+  Tiers tiers(driver, host_tier_budgets(), nullptr, 256 * MiB);
   VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
   // What the reader sees: the same bytes everywhere, or with `losing` other
   // bytes at each read (a copy that lost some), with `written` other bytes
@@ -842,14 +848,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
     std::mt19937_64 rng(seed);
     accounting::lag = rng() % 3;
     const vmm::Driver driver = accounting::driver();
-    Budgets budgets;
-    budgets.peer = Amount::of_bytes(0);
-    budgets.peer_reserve = Amount::of_bytes(0);
-    budgets.host = Amount::of_bytes(256 * MiB);
-    budgets.host_prepare = Amount::of_bytes(0);
-    budgets.host_chunk = Amount::of_bytes(8 * MiB);
-    budgets.device_reserve = Amount::of_bytes(0);
-    Tiers tiers(driver, budgets, nullptr, 256 * MiB);
+    Tiers tiers(driver, host_tier_budgets(), nullptr, 256 * MiB);
     VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
     pool.recall_by_step(seed % 2);
     pool.check_mappings(true);
