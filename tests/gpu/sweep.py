@@ -15,7 +15,9 @@ Each try's child (this file with --child) prints one JSON line: its step times
 and peaks, every step's loss (float.hex, warmup included), the GPU's name and
 total memory, the bytes that crossed PCIe in each timed step (pcie_meter.py)
 and, under gmem, the tiers gmem holds at the end (its stats file);
-with --deterministic it trains under torch.use_deterministic_algorithms.
+with --deterministic it trains under torch.use_deterministic_algorithms;
+with --digests (move_losses.py's) it also gives digests per MiB of what the job
+keeps (its parameters, their optimizer state and its data) after its last step.
 tests/gpu/spill_train.py runs the same children at fixed sizes past the GPU's
 memory and for losses to compare across machines.
 """
