@@ -83,6 +83,7 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
     const std::string missed = made->missed.text();
     std::fprintf(out_, "%s%s\n", missed.empty() ? "" : "; ", missed.c_str());
   }
+  if (size >= large_range) std::fprintf(out_, "# at %u 0x%llx\n", id, static_cast<unsigned long long>(base));
   std::fflush(out_);
 }
 

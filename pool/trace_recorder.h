@@ -46,6 +46,9 @@ class TraceRecorder {
     bool drained = false;  // the allocation's stream had work before and none after
     Recall::Missed missed;
   };
+  // An allocation of large_range or more (one use lines may name) is
+  // followed by a comment line with its address, `# at ID 0xADDRESS` (after
+  // the `# made` line): a use's word is that plus its offset.
   void allocated(CUdeviceptr base, std::size_t size, StreamId stream, std::size_t off_device,
                  const Made* made = nullptr);
   // The allocation at `base` was freed (one the trace saw allocated).

@@ -140,8 +140,9 @@ TEST(TraceRecorder, UsesNameTheirThreadTheirFunctionAndOffsets) {
 }
 
 // With name_kernels, a function's first use follows a comment line that
-// names it, once; a function with no name gets none. Readers skip the names.
-TEST(TraceRecorder, KernelsAreNamedAtTheirFirstUse) {
+// names it, once; a function with no name gets none. An allocation of
+// large_range or more is followed by its address. Readers skip both.
+TEST(TraceRecorder, KernelsAreNamedAndLargeAllocationsAddressed) {
   std::string error;
   {
     auto trace = TraceRecorder::open(temp_pattern(), &error);
@@ -152,6 +153,7 @@ TEST(TraceRecorder, KernelsAreNamedAtTheirFirstUse) {
     });
     constexpr CUdeviceptr a = 0x10000000;
     trace->allocated(a, 256 << 20, 0, 0);
+    trace->allocated(0x40000000, 4096, 0, 0);  // below large_range: no address line
     trace->used(&f, {{0x30000000, 0}});  // nothing it saw: no line, and no name yet
     trace->used(&f, {{a, 0}});
     trace->used(&g, {{a, 8}});
@@ -159,6 +161,8 @@ TEST(TraceRecorder, KernelsAreNamedAtTheirFirstUse) {
     trace->used(&unnamed, {{a, 24}});
   }
   const std::string text = written();
+  EXPECT_NE(text.find("a 0 268435456 0 0\n# at 0 0x10000000\na 1 4096 0 0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("# at 1"), std::string::npos) << text;
   EXPECT_NE(text.find("# k0 _Z6gemmv\nu "), std::string::npos) << text;
   EXPECT_NE(text.find(" t0 k0 0\n# k1 softmax\nu "), std::string::npos) << text;
   EXPECT_EQ(text.find("# k0", text.find("# k0") + 1), std::string::npos) << text;  // once
