@@ -112,11 +112,12 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   std::lock_guard lock(mutex_);
   if (getpid() != pid_) return;
   const long long us = (now_ns() - opened_ns_) / 1000;
-  auto traced = [&](const RangeReference& reference) {
+  std::vector<std::pair<uint32_t, uint64_t>> traced;  // the allocations' ids and offsets it writes
+  for (const RangeReference& reference : references) {
     auto it = ids_.find(reference.base);
-    return it != ids_.end() && reference.offset < it->second.size ? &it->second : nullptr;
-  };
-  if (std::none_of(references.begin(), references.end(), traced)) return;
+    if (it != ids_.end() && reference.offset < it->second.size) traced.emplace_back(it->second.id, reference.offset);
+  }
+  if (traced.empty()) return;
   const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
   if (function) {
     const auto [it, first] = functions_.try_emplace(function, uint32_t(functions_.size()));
@@ -127,11 +128,9 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
   } else {
     std::fprintf(out_, "u %lld t%u", us, thread);
   }
-  for (const RangeReference& reference : references) {
-    const Traced* it = traced(reference);
-    if (!it) continue;
-    std::fprintf(out_, " %u", it->id);
-    if (reference.offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(reference.offset));
+  for (const auto& [id, offset] : traced) {
+    std::fprintf(out_, " %u", id);
+    if (offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(offset));
   }
   std::fputc('\n', out_);
   std::fflush(out_);
