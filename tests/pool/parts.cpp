@@ -824,11 +824,6 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   EXPECT_GT(pool.work(0).move_mismatches, 0u);
 }
 
-}  // namespace
-}  // namespace gmem::pool
-
-namespace gmem::pool {
-namespace {
 
 // Whatever the pool does with its chunks (stitching, spilling to the host,
 // moving back, the evictor's moves both ways with and without parking,
@@ -836,10 +831,9 @@ namespace {
 // was written into it: random requests, frees and pool operations on a
 // driver that keeps contents, each allocation written with a value of its
 // own when served and read back after every operation that moved it (and
-// all of them every 64 operations);
-// check_moves reads the same contents and finds nothing wrong. And memory
-// freed on one stream serves an allocation on another (or a move) only once
-// the free completed.
+// all of them every 64 operations); check_moves reads the same contents and
+// finds nothing wrong. And memory freed on one stream serves an allocation
+// on another (or a move) only once the free completed.
 TEST(Contents, LiveAllocationsKeepTheirBytes) {
   constexpr std::size_t cell = 128;  // slab blocks lie at multiples of 128 bytes at least
   for (uint64_t seed = 1; seed <= 8; ++seed) {
