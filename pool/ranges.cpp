@@ -245,6 +245,9 @@ bool Ranges::repair(Range& range, StreamId stream, const std::unordered_set<cons
     any = true;
   }
   if (!any) return true;
+  // Work queued before the range's free may still use its addresses: what
+  // lies behind them changes only once that free has completed.
+  if (!order_.complete(range.last_free, false)) return false;
   Work& work = books_[range.device].work;
   const std::size_t before = range.pieces.size();
   std::vector<Piece*> now;  // the range's chunks as they are mapped

@@ -125,7 +125,9 @@ class Ranges {
   // idle and 65-84 ms while kernels read host memory (docs/results.md),
   // against about 0.1 ms per device chunk replaced idle. True if it is whole (its
   // chunks all free then); else false, as it was where no free chunks fill a
-  // chunk's place.
+  // chunk's place, or where the range's own free has not completed (work
+  // queued before it may still use its addresses, and would find other
+  // memory there).
   bool repair(Range& range, StreamId stream, const std::unordered_set<const Range*>& spared);
 
   // Whether `piece` and every range it is mapped in may go; with `wait`, the

@@ -243,6 +243,41 @@ TEST_F(Parts, ARangeWhoseChunkIsHeldElsewhereIsMadeWholeAtItsAddresses) {
   EXPECT_EQ(ranges.take_cached(0, 10 * MiB, 10 * MiB, 0, OffDevice::any()), r);  // it serves again
 }
 
+// Kernels queued before a range's stream-ordered free may still read and
+// write through its addresses after the free returns, even as its chunks
+// serve later requests on the same stream. So a repair, which maps other
+// chunks at those addresses, waits for the free to complete: until then the
+// range stays as it was (the request it would serve is served otherwise).
+TEST_F(Parts, ARangeIsMadeWholeAtItsAddressesOnlyOnceItsFreeCompleted) {
+  accounting::lag = 100;
+  Range* r = nullptr;
+  ASSERT_EQ(ranges.map({make(2 * MiB), make(8 * MiB)}, 0, &r), CUDA_SUCCESS);
+  r->blocks.resize(1);
+  ranges.cache(*r);
+  Pending freed = freed_on(1);
+  order.share(r->last_free, freed);
+  for (Piece* p : r->pieces) {
+    pieces.set_free(*p);
+    order.share(p->pending, freed);
+  }
+  order.settle(freed);
+  Piece* held = r->pieces[1];
+  Range* over = nullptr;
+  pieces.choose(*held);  // served on the free's stream at once
+  ASSERT_EQ(ranges.map({held}, 0, &over), CUDA_SUCCESS);
+  make_free(8 * MiB);
+  const std::vector<Piece*> before = r->pieces;
+  const std::size_t unmaps = accounting::accounts.unmaps;
+  EXPECT_FALSE(ranges.repair(*r, 1, {}));
+  EXPECT_EQ(r->pieces, before);
+  EXPECT_EQ(accounting::accounts.unmaps, unmaps);
+  accounting::now += accounting::lag;  // the device reached the free
+  EXPECT_TRUE(ranges.repair(*r, 1, {}));
+  EXPECT_EQ(accounting::accounts.unmaps, unmaps + 1);
+  EXPECT_EQ(held->ranges, std::vector<Range*>{over});
+  accounting::lag = 0;
+}
+
 TEST_F(Parts, SlabSizeClassesWasteAtMostAFifth) {
   EXPECT_EQ(Slabs::size_class(1), 512u);
   EXPECT_EQ(Slabs::size_class(513), 640u);
