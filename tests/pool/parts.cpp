@@ -904,14 +904,24 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
     // Stream order: memory freed on one stream serves another only once the
     // free completed (its event, `lag` calls on, or a synchronization).
     struct Freed {
+      CUdeviceptr base;
+      std::size_t bytes;
       std::vector<accounting::Backing> behind;
       StreamId stream;
       uint64_t at, syncs;
     };
     std::vector<Freed> pending;
     auto syncs = [] { return accounting::accounts.syncs + accounting::accounts.event_syncs; };
-    auto check_order = [&](const Live& l, uint64_t op) {
+    auto settle = [&] {
       std::erase_if(pending, [&](const Freed& f) { return accounting::now >= f.at + accounting::lag || f.syncs != syncs(); });
+    };
+    auto same = [](const std::vector<accounting::Backing>& a, const std::vector<accounting::Backing>& b) {
+      return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
+        return x.handle == y.handle && x.offset == y.offset && x.size == y.size;
+      });
+    };
+    auto check_order = [&](const Live& l, uint64_t op) {
+      settle();
       for (const accounting::Backing& b : l.at) {
         for (const Freed& f : pending) {
           for (const accounting::Backing& g : f.behind) {
@@ -929,14 +939,23 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
       for (auto& [base, l] : live) {
         pool.unpark(base);  // as a call that references it does
         std::vector<accounting::Backing> now = behind(base, l);
-        const bool moved = !std::equal(now.begin(), now.end(), l.at.begin(), l.at.end(), [](const auto& x, const auto& y) {
-          return x.handle == y.handle && x.offset == y.offset && x.size == y.size;
-        });
+        const bool moved = !same(now, l.at);
         if (!moved && !all) continue;
         ASSERT_TRUE(accounting::holds(base, written(l), l.value))
             << "allocation " << l.value << " (" << l.size << " bytes) after " << after << " at op " << op;
         l.at = std::move(now);
         if (moved) check_order(l, op);
+      }
+    };
+    // Work queued before a stream-ordered free may still use the freed
+    // addresses: the memory behind them stays until the free completed.
+    auto check_freed = [&](uint64_t op) {
+      settle();
+      for (const Freed& f : pending) {
+        std::vector<accounting::Backing> now;
+        accounting::backing(f.base, f.bytes, &now);
+        ASSERT_TRUE(same(now, f.behind)) << "addresses freed at op " << f.at << " on stream " << f.stream
+                                         << " remapped before the free completed, at op " << op;
       }
     };
     // An eviction (to the host) or its way back, as the evictor carries it
@@ -976,7 +995,8 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         auto it = any_live();
         pool.unpark(it->first);
         if (rng() % 2) {
-          pending.push_back({behind(it->first, it->second), it->second.stream, accounting::now, syncs()});
+          pending.push_back({it->first, written(it->second), behind(it->first, it->second), it->second.stream,
+                             accounting::now, syncs()});
           ASSERT_EQ(pool.free_async(it->first, {nullptr, it->second.stream}, false, false), CUDA_SUCCESS);
         } else {
           ASSERT_EQ(pool.free(it->first), CUDA_SUCCESS);
@@ -1006,6 +1026,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         pool.give_back_cache(false);
         check("giving back the cache", op);
       }
+      check_freed(op);
       if (::testing::Test::HasFatalFailure()) return;
       if (op % 64 == 0) check("requests and frees", op, true);
       if (::testing::Test::HasFatalFailure()) return;
