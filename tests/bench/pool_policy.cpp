@@ -64,7 +64,9 @@
 // holds. --check-backing follows what the accounting driver maps: every byte
 // of a live allocation must be mapped, and no byte of a chunk may lie behind
 // two live allocations at once (after each allocation, and after each move
-// for all of them); a breach is printed and fails the run.
+// for all of them), and the addresses of a free not yet completed (--lag)
+// must map what they mapped at the free, as work queued before it may still
+// use them (after each event); a breach is printed and fails the run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -171,6 +173,32 @@ class BackingCheck {
     }
     of_.erase(it);
   }
+  // Allocation `id` is freed, stream-ordered: work queued before the free may
+  // still use its addresses, so what lies behind them must stay until the
+  // free completed (`lag` calls on, or a synchronization).
+  void freed(uint32_t id, CUdeviceptr base, std::size_t bytes) {
+    auto it = of_.find(id);
+    if (it != of_.end()) pending_.push_back({base, bytes, it->second, now, syncs()});
+    remove(id);
+  }
+  // False, with a message naming `event`, if the addresses of a free not yet
+  // completed map other memory than at the free.
+  bool check_freed(std::size_t event) {
+    std::erase_if(pending_, [](const Freed& f) { return now >= f.at + lag || f.syncs != syncs(); });
+    bool ok = true;
+    for (const Freed& f : pending_) {
+      std::vector<gmem::accounting::Backing> chunks;
+      gmem::accounting::backing(f.base, f.bytes, &chunks);
+      if (!std::equal(chunks.begin(), chunks.end(), f.behind.begin(), f.behind.end(), [](const auto& a, const auto& b) {
+            return a.handle == b.handle && a.offset == b.offset && a.size == b.size;
+          })) {
+        fprintf(stderr, "pool-policy: event %zu: 0x%llx, freed at call %llu, maps other memory before its free completed\n",
+                event, static_cast<unsigned long long>(f.base), static_cast<unsigned long long>(f.at));
+        ok = false;
+      }
+    }
+    return ok;
+  }
   // Every live allocation again (after a move changed what lies behind them).
   bool recheck(const std::vector<CUdeviceptr>& live, const std::vector<uint64_t>& live_bytes, std::size_t event) {
     owned_.clear();
@@ -186,6 +214,14 @@ class BackingCheck {
   // By (chunk, offset): the bytes from there and the allocation they lie behind.
   std::map<std::pair<CUmemGenericAllocationHandle, std::size_t>, std::pair<std::size_t, uint32_t>> owned_;
   std::map<uint32_t, std::vector<gmem::accounting::Backing>> of_;
+  struct Freed {
+    CUdeviceptr base;
+    std::size_t bytes;
+    std::vector<gmem::accounting::Backing> behind;
+    uint64_t at, syncs;
+  };
+  static uint64_t syncs() { return gmem::accounting::accounts.syncs + gmem::accounting::accounts.event_syncs; }
+  std::vector<Freed> pending_;
 };
 
 int replay(const std::string& path) {
@@ -346,10 +382,10 @@ int replay(const std::string& path) {
     } else {
       if (uses) uses->freed(live[e.id], live_bytes[e.id]);
       pool.free_async(live[e.id], {nullptr, 1}, false, false);
+      backing.freed(e.id, live[e.id], live_bytes[e.id]);
       live[e.id] = 0;
       requested -= live_bytes[e.id];
       live_bytes[e.id] = 0;
-      backing.remove(e.id);
       if (tiers && !moved_this_step && double(requested) < move_back_below * double(trace->peak_requested)) {
         moved_this_step = true;
         std::vector<gmem::pool::Block> moved;
@@ -360,6 +396,7 @@ int replay(const std::string& path) {
         if (check_backing && !moved.empty()) backing_ok &= backing.recheck(live, live_bytes, i % events);
       }
     }
+    if (check_backing) backing_ok &= backing.check_freed(i % events);
     if (step_ends.ended(requested, trace->peak_requested)) {
       last_step_maps = accounts.maps - step_accounts.maps;
       const std::size_t cached = pool.cached_bytes(0);
