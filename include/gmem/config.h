@@ -109,7 +109,8 @@
     "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
     "more repeat the last step's (their sizes, in order), each takes the range that " \
     "served the same request of the last step, however it lies, a range whose "      \
-    "chunks other ranges use is first made whole at its addresses with free chunks, " \
+    "chunks other ranges use is first made whole at its addresses with free chunks " \
+    "(once its own free completed), "                                                 \
     "and a range made for one takes the free chunks of the ranges that served the "  \
     "step's later requests only where no others serve, and makes again first a "     \
     "device chunk mapped in no range with host chunks: steps settle with no mapping " \
