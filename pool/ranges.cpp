@@ -165,7 +165,8 @@ Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, St
 Range* Ranges::take(CachedRanges& cached, CachedRanges::iterator entry) {
   Range* range = entry->second;
   cached.erase(entry);
-  order_.settle(range->last_free);
+  // Its last free stays recorded: a range taken and put back unused
+  // (Stitcher::remake's `old`) is still used by the work queued before it.
   for (Piece* p : range->pieces) pieces_.hold(*p, range);
   return range;
 }

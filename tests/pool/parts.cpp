@@ -278,6 +278,27 @@ TEST_F(Parts, ARangeIsMadeWholeAtItsAddressesOnlyOnceItsFreeCompleted) {
   accounting::lag = 0;
 }
 
+// A cached range taken on the stream of its free serves at once, but the
+// work queued before that free may still use its addresses. Where it goes
+// back to the cache unused (Stitcher::remake serves its request with another
+// range), that free still keeps its addresses mapped: none of its chunks may
+// be released with it until the free completed.
+TEST_F(Parts, ARangeTakenAndPutBackKeepsItsLastFree) {
+  accounting::lag = 100;
+  Range* r = cached(4 * MiB);
+  Pending freed = freed_on(1);
+  order.share(r->last_free, freed);
+  order.share(r->pieces[0]->pending, freed);
+  order.settle(freed);
+  ASSERT_EQ(ranges.take_cached(0, 4 * MiB, 4 * MiB, 1, OffDevice::any()), r);  // on the free's stream
+  pieces.set_free(*r->pieces[0]);
+  ranges.cache(*r);
+  EXPECT_FALSE(ranges.droppable(*r->pieces[0], false));
+  accounting::now += accounting::lag;  // the device reached the free
+  EXPECT_TRUE(ranges.droppable(*r->pieces[0], false));
+  accounting::lag = 0;
+}
+
 TEST_F(Parts, SlabSizeClassesWasteAtMostAFifth) {
   EXPECT_EQ(Slabs::size_class(1), 512u);
   EXPECT_EQ(Slabs::size_class(513), 640u);
@@ -860,6 +881,65 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
 }
 
 
+bool same_backing(const std::vector<accounting::Backing>& a, const std::vector<accounting::Backing>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
+    return x.handle == y.handle && x.offset == y.offset && x.size == y.size;
+  });
+}
+
+// The contents tests' stream-ordered frees not yet completed (their event,
+// `lag` calls on, or any synchronization, complete them), with the memory
+// behind their addresses when they were made.
+class FreesInFlight {
+ public:
+  void freed(CUdeviceptr base, std::size_t bytes, StreamId stream) {
+    std::vector<accounting::Backing> behind;
+    EXPECT_TRUE(accounting::backing(base, bytes, &behind));
+    pending_.push_back({base, bytes, std::move(behind), stream, accounting::now, syncs()});
+  }
+  // Stream order: memory freed on one stream serves another only once the
+  // free completed. `at`, the memory behind allocation `value` on `stream`,
+  // holds none freed on another stream that has not.
+  void check_order(const std::vector<accounting::Backing>& at, StreamId stream, uint64_t value, uint64_t op) {
+    settle();
+    for (const accounting::Backing& b : at) {
+      for (const Freed& f : pending_) {
+        for (const accounting::Backing& g : f.behind) {
+          ASSERT_FALSE(f.stream != stream && b.handle == g.handle && b.offset < g.offset + g.size &&
+                       g.offset < b.offset + b.size)
+              << "allocation " << value << " on stream " << stream << " holds memory freed on stream " << f.stream
+              << " before the free completed, at op " << op;
+        }
+      }
+    }
+  }
+  // Work queued before a stream-ordered free may still use the freed
+  // addresses: the memory behind them stays until the free completed.
+  void check_addresses(uint64_t op) {
+    settle();
+    for (const Freed& f : pending_) {
+      std::vector<accounting::Backing> now;
+      accounting::backing(f.base, f.bytes, &now);
+      ASSERT_TRUE(same_backing(now, f.behind)) << "addresses freed at op " << f.at << " on stream " << f.stream
+                                               << " remapped before the free completed, at op " << op;
+    }
+  }
+
+ private:
+  struct Freed {
+    CUdeviceptr base;
+    std::size_t bytes;
+    std::vector<accounting::Backing> behind;
+    StreamId stream;
+    uint64_t at, syncs;
+  };
+  static uint64_t syncs() { return accounting::accounts.syncs + accounting::accounts.event_syncs; }
+  void settle() {
+    std::erase_if(pending_, [](const Freed& f) { return accounting::now >= f.at + accounting::lag || f.syncs != syncs(); });
+  }
+  std::vector<Freed> pending_;
+};
+
 // Whatever the pool does with its chunks (stitching, spilling to the host,
 // moving back, the evictor's moves both ways with and without parking,
 // bringing in, trimming, giving back), every live allocation reads back what
@@ -901,61 +981,20 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
       return out;
     };
     auto any_live = [&] { return std::next(live.begin(), long(rng() % live.size())); };
-    // Stream order: memory freed on one stream serves another only once the
-    // free completed (its event, `lag` calls on, or a synchronization).
-    struct Freed {
-      CUdeviceptr base;
-      std::size_t bytes;
-      std::vector<accounting::Backing> behind;
-      StreamId stream;
-      uint64_t at, syncs;
-    };
-    std::vector<Freed> pending;
-    auto syncs = [] { return accounting::accounts.syncs + accounting::accounts.event_syncs; };
-    auto settle = [&] {
-      std::erase_if(pending, [&](const Freed& f) { return accounting::now >= f.at + accounting::lag || f.syncs != syncs(); });
-    };
-    auto same = [](const std::vector<accounting::Backing>& a, const std::vector<accounting::Backing>& b) {
-      return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
-        return x.handle == y.handle && x.offset == y.offset && x.size == y.size;
-      });
-    };
-    auto check_order = [&](const Live& l, uint64_t op) {
-      settle();
-      for (const accounting::Backing& b : l.at) {
-        for (const Freed& f : pending) {
-          for (const accounting::Backing& g : f.behind) {
-            ASSERT_FALSE(f.stream != l.stream && b.handle == g.handle && b.offset < g.offset + g.size &&
-                         g.offset < b.offset + b.size)
-                << "allocation " << l.value << " on stream " << l.stream << " holds memory freed on stream "
-                << f.stream << " before the free completed, at op " << op;
-          }
-        }
-      }
-    };
+    FreesInFlight frees;
+    auto check_order = [&](const Live& l, uint64_t op) { frees.check_order(l.at, l.stream, l.value, op); };
     // Reads back each live allocation whose memory moved since it was last
     // read (`all`: every one), and checks the stream order of what it moved to.
     auto check = [&](const char* after, uint64_t op, bool all = false) {
       for (auto& [base, l] : live) {
         pool.unpark(base);  // as a call that references it does
         std::vector<accounting::Backing> now = behind(base, l);
-        const bool moved = !same(now, l.at);
+        const bool moved = !same_backing(now, l.at);
         if (!moved && !all) continue;
         ASSERT_TRUE(accounting::holds(base, written(l), l.value))
             << "allocation " << l.value << " (" << l.size << " bytes) after " << after << " at op " << op;
         l.at = std::move(now);
         if (moved) check_order(l, op);
-      }
-    };
-    // Work queued before a stream-ordered free may still use the freed
-    // addresses: the memory behind them stays until the free completed.
-    auto check_freed = [&](uint64_t op) {
-      settle();
-      for (const Freed& f : pending) {
-        std::vector<accounting::Backing> now;
-        accounting::backing(f.base, f.bytes, &now);
-        ASSERT_TRUE(same(now, f.behind)) << "addresses freed at op " << f.at << " on stream " << f.stream
-                                         << " remapped before the free completed, at op " << op;
       }
     };
     // An eviction (to the host) or its way back, as the evictor carries it
@@ -995,8 +1034,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         auto it = any_live();
         pool.unpark(it->first);
         if (rng() % 2) {
-          pending.push_back({it->first, written(it->second), behind(it->first, it->second), it->second.stream,
-                             accounting::now, syncs()});
+          frees.freed(it->first, written(it->second), it->second.stream);
           ASSERT_EQ(pool.free_async(it->first, {nullptr, it->second.stream}, false, false), CUDA_SUCCESS);
         } else {
           ASSERT_EQ(pool.free(it->first), CUDA_SUCCESS);
@@ -1026,7 +1064,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
         pool.give_back_cache(false);
         check("giving back the cache", op);
       }
-      check_freed(op);
+      frees.check_addresses(op);
       if (::testing::Test::HasFatalFailure()) return;
       if (op % 64 == 0) check("requests and frees", op, true);
       if (::testing::Test::HasFatalFailure()) return;
@@ -1048,6 +1086,94 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
       EXPECT_EQ(pool.free(base), CUDA_SUCCESS);
     }
   }
+}
+
+// Steps that repeat their requests, as a training job's do, spilled, with
+// recall_steps: each request takes the range of the same request of the last
+// step, made whole at its addresses where other ranges hold some of its
+// chunks. Every allocation reads back what was written into it when it is
+// freed, and the addresses of each stream-ordered free keep their memory
+// until it completed, while the device runs up to 40 calls behind (and at
+// some steps' ends catches up, as at a job's loss.item()).
+TEST(Contents, RecalledRangesKeepTheBytesOfWorkStillQueued) {
+  constexpr std::size_t cell = 64 << 10;  // requests of 64 MiB or more start at their ranges
+  uint64_t recalls = 0, repairs = 0;
+  for (uint64_t seed = 1; seed <= 32; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    accounting::reset(std::size_t{256} * MiB);
+    accounting::accounts.cell = cell;
+    std::mt19937_64 rng(seed);
+    accounting::lag = rng() % 41;
+    const vmm::Driver driver = accounting::driver();
+    Budgets budgets = host_tier_budgets();
+    budgets.host = Amount::of_bytes(768 * MiB);
+    budgets.host_chunk = Amount::of_bytes(32 * MiB);
+    Tiers tiers(driver, budgets, nullptr, 768 * MiB);
+    VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+    pool.recall_by_step(true);
+    pool.check_mappings(true);
+    CUcontext context = nullptr;
+    ASSERT_EQ(driver.cuCtxGetCurrent(&context), CUDA_SUCCESS);
+    // A step: requests (of `size`) and frees (of the step's request `which`),
+    // in order; a request's `value` is what it was written with last.
+    struct Event {
+      std::size_t size, which;
+      uint64_t value = 0;
+    };
+    std::vector<Event> step;
+    std::vector<std::size_t> open;  // the step's requests not yet freed (6 at most)
+    auto free_one = [&] {
+      const auto at = open.begin() + long(rng() % open.size());
+      step.push_back({0, *at});
+      open.erase(at);
+    };
+    for (std::size_t n = 8 + rng() % 8; n; --n) {
+      step.push_back({(64 + 32 * (rng() % 3)) * MiB + rng() % MiB, 0});
+      open.push_back(step.size() - 1);
+      while (open.size() == 6 || (open.size() > 1 && rng() % 2)) free_one();
+    }
+    while (!open.empty()) free_one();
+    FreesInFlight frees;
+    uint64_t op = 0;
+    for (int n = 0; n < 12; ++n) {
+      if (rng() % 2) {  // now and then a step asks for another size somewhere
+        Event& e = step[rng() % step.size()];
+        if (e.size) e.size = (64 + 32 * (rng() % 3)) * MiB + rng() % MiB;
+      }
+      std::vector<CUdeviceptr> base(step.size());
+      for (std::size_t i = 0; i < step.size(); ++i, ++op) {
+        ++accounting::now;
+        const Event& e = step[i];
+        const std::size_t bytes = (step[e.size ? i : e.which].size + cell - 1) / cell * cell;
+        if (e.size) {
+          Block b;
+          ASSERT_EQ(pool.alloc(&b, e.size, 0, context, 1, false, 0), CUDA_SUCCESS);
+          base[i] = b.base;
+          ASSERT_TRUE(accounting::write(b.base, bytes, op));
+          std::vector<accounting::Backing> at;
+          ASSERT_TRUE(accounting::backing(b.base, bytes, &at));
+          frees.check_order(at, 1, op, op);
+          step[i].value = op;
+        } else {
+          ASSERT_TRUE(accounting::holds(base[e.which], bytes, step[e.which].value))
+              << "request " << e.which << " at op " << op;
+          frees.freed(base[e.which], bytes, 1);
+          ASSERT_EQ(pool.free_async(base[e.which], {nullptr, 1}, false, false), CUDA_SUCCESS);
+        }
+        frees.check_addresses(op);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      if (rng() % 2) {
+        ASSERT_EQ(driver.cuCtxSynchronize(), CUDA_SUCCESS);
+      }
+    }
+    const VmmPool::Work w = pool.work(0);
+    EXPECT_EQ(w.book_mismatches, 0u);
+    recalls += w.step_recalls;
+    repairs += w.repairs;
+  }
+  EXPECT_GT(recalls, 0u);
+  EXPECT_GT(repairs, 0u);
 }
 
 }  // namespace
