@@ -52,7 +52,6 @@ void Pieces::choose(Piece& piece) {
 
 void Pieces::hold(Piece& piece, Range* holder) {
   if (!piece.holder) choose(piece);
-  order_.settle(piece.pending);
   piece.holder = holder;
 }
 

@@ -64,7 +64,10 @@ class Pieces {
   enum class Where { device, spill, off_device };
   // A new chunk of `size` bytes for `device`, chosen.
   CUresult make(int device, std::size_t size, Where where, Piece** out);
-  // Held by `holder` from now on (its pending free settled).
+  // Held by `holder` from now on. Its last free stays recorded: work queued
+  // before it may still use the memory, and a piece held and set free again
+  // unused (Stitcher::remake's, a move's) serves another stream only once
+  // that free completed.
   void hold(Piece& piece, Range* holder);
   // Out of the free ones, chosen for a range; its pending free stays until held.
   void choose(Piece& piece);

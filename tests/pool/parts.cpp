@@ -281,8 +281,8 @@ TEST_F(Parts, ARangeIsMadeWholeAtItsAddressesOnlyOnceItsFreeCompleted) {
 // A cached range taken on the stream of its free serves at once, but the
 // work queued before that free may still use its addresses. Where it goes
 // back to the cache unused (Stitcher::remake serves its request with another
-// range), that free still keeps its addresses mapped: none of its chunks may
-// be released with it until the free completed.
+// range), that free is still its last: what asks whether its addresses are
+// in use (a repair, dropping a chunk, a chunk's 32nd range) waits for it.
 TEST_F(Parts, ARangeTakenAndPutBackKeepsItsLastFree) {
   accounting::lag = 100;
   Range* r = cached(4 * MiB);
@@ -293,8 +293,10 @@ TEST_F(Parts, ARangeTakenAndPutBackKeepsItsLastFree) {
   ASSERT_EQ(ranges.take_cached(0, 4 * MiB, 4 * MiB, 1, OffDevice::any()), r);  // on the free's stream
   pieces.set_free(*r->pieces[0]);
   ranges.cache(*r);
-  EXPECT_FALSE(ranges.droppable(*r->pieces[0], false));
+  EXPECT_FALSE(order.complete(r->last_free, false));
+  EXPECT_FALSE(order.complete(r->pieces[0]->pending, false));
   accounting::now += accounting::lag;  // the device reached the free
+  EXPECT_TRUE(order.complete(r->last_free, false));
   EXPECT_TRUE(ranges.droppable(*r->pieces[0], false));
   accounting::lag = 0;
 }
@@ -1091,10 +1093,13 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
 // Steps that repeat their requests, as a training job's do, spilled, with
 // recall_steps: each request takes the range of the same request of the last
 // step, made whole at its addresses where other ranges hold some of its
-// chunks. Every allocation reads back what was written into it when it is
-// freed, and the addresses of each stream-ordered free keep their memory
-// until it completed, while the device runs up to 40 calls behind (and at
-// some steps' ends catches up, as at a job's loss.item()).
+// chunks, or made again with idle device chunks. Requests on two streams, a
+// fifth of them asking for half their bytes off the device. Every allocation
+// reads back what was written into it when it is freed; memory freed on one
+// stream serves the other only once the free completed; and the addresses of
+// each free keep their memory until it completed, while the device runs up
+// to 40 calls behind (and at some steps' ends catches up, as at a job's
+// loss.item()).
 TEST(Contents, RecalledRangesKeepTheBytesOfWorkStillQueued) {
   constexpr std::size_t cell = 64 << 10;  // requests of 64 MiB or more start at their ranges
   uint64_t recalls = 0, repairs = 0;
@@ -1106,18 +1111,21 @@ TEST(Contents, RecalledRangesKeepTheBytesOfWorkStillQueued) {
     accounting::lag = rng() % 41;
     const vmm::Driver driver = accounting::driver();
     Budgets budgets = host_tier_budgets();
-    budgets.host = Amount::of_bytes(768 * MiB);
+    budgets.host = Amount::of_bytes(1536 * MiB);
     budgets.host_chunk = Amount::of_bytes(32 * MiB);
-    Tiers tiers(driver, budgets, nullptr, 768 * MiB);
+    Tiers tiers(driver, budgets, nullptr, 1536 * MiB);
     VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
     pool.recall_by_step(true);
     pool.check_mappings(true);
     CUcontext context = nullptr;
     ASSERT_EQ(driver.cuCtxGetCurrent(&context), CUDA_SUCCESS);
-    // A step: requests (of `size`) and frees (of the step's request `which`),
-    // in order; a request's `value` is what it was written with last.
+    // A step: requests (of `size`, `off` of it off the device, on `stream`)
+    // and frees (of the step's request `which`, on its stream), in order; a
+    // request's `value` is what it was written with last.
     struct Event {
       std::size_t size, which;
+      std::size_t off = 0;
+      StreamId stream = 1;
       uint64_t value = 0;
     };
     std::vector<Event> step;
@@ -1128,7 +1136,8 @@ TEST(Contents, RecalledRangesKeepTheBytesOfWorkStillQueued) {
       open.erase(at);
     };
     for (std::size_t n = 8 + rng() % 8; n; --n) {
-      step.push_back({(64 + 32 * (rng() % 3)) * MiB + rng() % MiB, 0});
+      const std::size_t size = (64 + 32 * (rng() % 3)) * MiB + rng() % MiB;
+      step.push_back({size, 0, rng() % 5 ? 0 : size / 2, StreamId(1 + rng() % 2)});
       open.push_back(step.size() - 1);
       while (open.size() == 6 || (open.size() > 1 && rng() % 2)) free_one();
     }
@@ -1147,18 +1156,19 @@ TEST(Contents, RecalledRangesKeepTheBytesOfWorkStillQueued) {
         const std::size_t bytes = (step[e.size ? i : e.which].size + cell - 1) / cell * cell;
         if (e.size) {
           Block b;
-          ASSERT_EQ(pool.alloc(&b, e.size, 0, context, 1, false, 0), CUDA_SUCCESS);
+          ASSERT_EQ(pool.alloc(&b, e.size, 0, context, e.stream, false, e.off), CUDA_SUCCESS);
           base[i] = b.base;
           ASSERT_TRUE(accounting::write(b.base, bytes, op));
           std::vector<accounting::Backing> at;
           ASSERT_TRUE(accounting::backing(b.base, bytes, &at));
-          frees.check_order(at, 1, op, op);
+          frees.check_order(at, e.stream, op, op);
           step[i].value = op;
         } else {
           ASSERT_TRUE(accounting::holds(base[e.which], bytes, step[e.which].value))
               << "request " << e.which << " at op " << op;
-          frees.freed(base[e.which], bytes, 1);
-          ASSERT_EQ(pool.free_async(base[e.which], {nullptr, 1}, false, false), CUDA_SUCCESS);
+          const StreamId stream = step[e.which].stream;
+          frees.freed(base[e.which], bytes, stream);
+          ASSERT_EQ(pool.free_async(base[e.which], {nullptr, stream}, false, false), CUDA_SUCCESS);
         }
         frees.check_addresses(op);
         if (::testing::Test::HasFatalFailure()) return;
