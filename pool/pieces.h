@@ -69,7 +69,7 @@ class Pieces {
   // unused (Stitcher::remake's, a move's) serves another stream only once
   // that free completed.
   void hold(Piece& piece, Range* holder);
-  // Out of the free ones, chosen for a range; its pending free stays until held.
+  // Out of the free ones, chosen for a range; its pending free stays.
   void choose(Piece& piece);
   // Free from `now` (steady ns): a caller freeing many reads the clock once.
   void set_free(Piece& piece, int64_t now = now_ns());

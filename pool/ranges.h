@@ -59,8 +59,9 @@ struct Range {
   bool exported = false;  // CUDA IPC: other processes may map its chunks
   bool moving = false;    // its chunks are being replaced (VmmPool::plan_move)
   bool placed_by_use = false;  // its last request asked for bytes off the device (pool/uses.h)
-  // Whole ranges, while free: the free that kernels may use its addresses
-  // before (its chunks may serve others sooner, on the same stream).
+  // Whole ranges: their last free, that kernels may use its addresses
+  // before (its chunks may serve others sooner, on the same stream); kept
+  // while the range serves again, until its next free.
   Pending last_free;
   CachedRanges::iterator cached_entry;  // whole ranges, while free
 
