@@ -178,22 +178,20 @@ class BackingCheck {
   // free completed (`lag` calls on, or a synchronization).
   void freed(uint32_t id, CUdeviceptr base, std::size_t bytes) {
     auto it = of_.find(id);
-    if (it != of_.end()) pending_.push_back({base, bytes, it->second, now, syncs()});
+    if (it != of_.end()) pending_.push_back({base, bytes, it->second, gmem::accounting::moment()});
     remove(id);
   }
   // False, with a message naming `event`, if the addresses of a free not yet
   // completed map other memory than at the free.
   bool check_freed(std::size_t event) {
-    std::erase_if(pending_, [](const Freed& f) { return now >= f.at + lag || f.syncs != syncs(); });
+    std::erase_if(pending_, [](const Freed& f) { return gmem::accounting::reached(f.when); });
     bool ok = true;
     for (const Freed& f : pending_) {
       std::vector<gmem::accounting::Backing> chunks;
       gmem::accounting::backing(f.base, f.bytes, &chunks);
-      if (!std::equal(chunks.begin(), chunks.end(), f.behind.begin(), f.behind.end(), [](const auto& a, const auto& b) {
-            return a.handle == b.handle && a.offset == b.offset && a.size == b.size;
-          })) {
+      if (chunks != f.behind) {
         fprintf(stderr, "pool-policy: event %zu: 0x%llx, freed at call %llu, maps other memory before its free completed\n",
-                event, static_cast<unsigned long long>(f.base), static_cast<unsigned long long>(f.at));
+                event, static_cast<unsigned long long>(f.base), static_cast<unsigned long long>(f.when.at));
         ok = false;
       }
     }
@@ -218,9 +216,8 @@ class BackingCheck {
     CUdeviceptr base;
     std::size_t bytes;
     std::vector<gmem::accounting::Backing> behind;
-    uint64_t at, syncs;
+    gmem::accounting::Moment when;
   };
-  static uint64_t syncs() { return gmem::accounting::accounts.syncs + gmem::accounting::accounts.event_syncs; }
   std::vector<Freed> pending_;
 };
 

@@ -176,6 +176,9 @@ CUresult attribute(int* value, CUdevice_attribute attribute, CUdevice) {
 
 }  // namespace
 
+Moment moment() { return {now, accounts.syncs + accounts.event_syncs}; }
+bool reached(const Moment& m) { return now >= m.at + lag || m.syncs != accounts.syncs + accounts.event_syncs; }
+
 void reset(std::size_t total, std::size_t peer_total) {
   accounts = Accounts();
   accounts.total = total;

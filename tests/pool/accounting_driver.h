@@ -52,6 +52,7 @@ struct Accounts {
 struct Backing {
   CUmemGenericAllocationHandle handle;
   std::size_t offset, size;
+  bool operator==(const Backing&) const = default;
 };
 // The chunks behind [ptr, ptr + size), in address order; false, with `out`
 // as far as it got, where some address in it is not mapped.
@@ -69,6 +70,14 @@ extern Accounts accounts;
 // `now` completes once `now` has advanced by `lag` (0: at once); a
 // synchronization completes every one.
 extern uint64_t lag, now;
+// A point in the program's calls, and whether the device has since reached
+// it: `lag` calls on, or at any synchronization after it (which may have
+// waited for less: a check of freed memory errs towards the free being done).
+struct Moment {
+  uint64_t at, syncs;
+};
+Moment moment();
+bool reached(const Moment& m);
 
 // Fresh accounts for a device of `total` bytes (and a peer of `peer_total`), events forgotten.
 void reset(std::size_t total = std::size_t{80} << 30, std::size_t peer_total = 0);

@@ -883,12 +883,6 @@ TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
 }
 
 
-bool same_backing(const std::vector<accounting::Backing>& a, const std::vector<accounting::Backing>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
-    return x.handle == y.handle && x.offset == y.offset && x.size == y.size;
-  });
-}
-
 // The contents tests' stream-ordered frees not yet completed (their event,
 // `lag` calls on, or any synchronization, complete them), with the memory
 // behind their addresses when they were made.
@@ -897,7 +891,7 @@ class FreesInFlight {
   void freed(CUdeviceptr base, std::size_t bytes, StreamId stream) {
     std::vector<accounting::Backing> behind;
     EXPECT_TRUE(accounting::backing(base, bytes, &behind));
-    pending_.push_back({base, bytes, std::move(behind), stream, accounting::now, syncs()});
+    pending_.push_back({base, bytes, std::move(behind), stream, accounting::moment()});
   }
   // Stream order: memory freed on one stream serves another only once the
   // free completed. `at`, the memory behind allocation `value` on `stream`,
@@ -922,8 +916,8 @@ class FreesInFlight {
     for (const Freed& f : pending_) {
       std::vector<accounting::Backing> now;
       accounting::backing(f.base, f.bytes, &now);
-      ASSERT_TRUE(same_backing(now, f.behind)) << "addresses freed at op " << f.at << " on stream " << f.stream
-                                               << " remapped before the free completed, at op " << op;
+      ASSERT_EQ(now, f.behind) << "addresses freed at op " << f.when.at << " on stream " << f.stream
+                               << " remapped before the free completed, at op " << op;
     }
   }
 
@@ -933,11 +927,10 @@ class FreesInFlight {
     std::size_t bytes;
     std::vector<accounting::Backing> behind;
     StreamId stream;
-    uint64_t at, syncs;
+    accounting::Moment when;
   };
-  static uint64_t syncs() { return accounting::accounts.syncs + accounting::accounts.event_syncs; }
   void settle() {
-    std::erase_if(pending_, [](const Freed& f) { return accounting::now >= f.at + accounting::lag || f.syncs != syncs(); });
+    std::erase_if(pending_, [](const Freed& f) { return accounting::reached(f.when); });
   }
   std::vector<Freed> pending_;
 };
@@ -991,7 +984,7 @@ TEST(Contents, LiveAllocationsKeepTheirBytes) {
       for (auto& [base, l] : live) {
         pool.unpark(base);  // as a call that references it does
         std::vector<accounting::Backing> now = behind(base, l);
-        const bool moved = !same_backing(now, l.at);
+        const bool moved = now != l.at;
         if (!moved && !all) continue;
         ASSERT_TRUE(accounting::holds(base, written(l), l.value))
             << "allocation " << l.value << " (" << l.size << " bytes) after " << after << " at op " << op;
