@@ -10,7 +10,7 @@ uint64_t lag = 0, now = 0;
 
 namespace {
 
-std::vector<uint64_t> recorded;  // by event: the call it was recorded at
+std::vector<uint64_t> due;  // by event: the call at which it completes
 int current_device = 0;          // whose memory cuMemGetInfo tells
 
 CUcontext context_of(int device) { return reinterpret_cast<CUcontext>(0xc0 + device); }
@@ -100,21 +100,21 @@ CUresult get_info(std::size_t* free, std::size_t* total) {
   return CUDA_SUCCESS;
 }
 CUresult event_create(CUevent* event, unsigned) {
-  recorded.push_back(0);
+  due.push_back(0);  // never recorded: complete
   ++accounts.events;
-  *event = reinterpret_cast<CUevent>(recorded.size());
+  *event = reinterpret_cast<CUevent>(due.size());
   return CUDA_SUCCESS;
 }
-uint64_t& recorded_at(CUevent e) { return recorded[reinterpret_cast<std::size_t>(e) - 1]; }
-CUresult event_record(CUevent e, CUstream) { return recorded_at(e) = now, CUDA_SUCCESS; }
-CUresult event_query(CUevent e) { return now >= recorded_at(e) + lag ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+uint64_t& due_at(CUevent e) { return due[reinterpret_cast<std::size_t>(e) - 1]; }
+CUresult event_record(CUevent e, CUstream) { return due_at(e) = now + lag, CUDA_SUCCESS; }
+CUresult event_query(CUevent e) { return now >= due_at(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
 CUresult event_synchronize(CUevent e) {
   ++accounts.event_syncs;
-  return recorded_at(e) = 0, CUDA_SUCCESS;
+  return due_at(e) = 0, CUDA_SUCCESS;
 }
 CUresult synchronize() {
   ++accounts.syncs;
-  for (uint64_t& at : recorded) at = std::min(at, now - std::min(now, lag));
+  for (uint64_t& at : due) at = std::min(at, now);
   return CUDA_SUCCESS;
 }
 // Visits the cells behind [ptr, ptr + size) in address order, a run of one
@@ -183,7 +183,7 @@ void reset(std::size_t total, std::size_t peer_total) {
   accounts = Accounts();
   accounts.total = total;
   accounts.peer_total = peer_total;
-  recorded.clear();
+  due.clear();
   now = 0;
 }
 
