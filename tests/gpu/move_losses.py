@@ -3,8 +3,10 @@ finding what makes some runs compute other losses (docs/results.md, the
 forty-third and forty-fourth sessions: a move back, in one pool history of the
 varying-length LM). sweep.py's children, deterministic, one process each:
 
-  reference  the job in memory without gmem (--reference-setting), once; or
-             --reference FILE, a `spill_train.py --losses` file of the same job;
+  reference  the job in memory without gmem (--reference-setting), once (its
+             losses go to OUT/reference.json, a --reference for later runs,
+             on any GPU the job computes the same on); or --reference FILE, a
+             `spill_train.py --losses` file of the same job;
   variants   each --variant NAME=KEYS in turn under the shim, GMEM_CONF
              pool:vmm,report:1, then --conf, then KEYS (a `%r` in KEYS is the
              run's folder, for trace:%r/trace), until each had --runs runs or
@@ -135,8 +137,11 @@ def main():
                   file=sys.stderr)
             return 2
         reference = {k: r[k] for k in ("losses", "digests") if k in r}
-        print(f"reference: {args.job} {int(args.size)} under {args.reference_setting}, reserved peak "
-              f"{r['physical_peak'] / GB:.2f} GB, last loss {float.fromhex(reference['losses'][-1])!r}", flush=True)
+        saved = os.path.join(args.out, "reference.json")
+        spill_train.write_losses(saved, args, args.reference_setting, r)
+        print(f"reference: {args.job} {int(args.size)} under {args.reference_setting} on {r['gpu']}, reserved peak "
+              f"{r['physical_peak'] / GB:.2f} GB, last loss {float.fromhex(reference['losses'][-1])!r} "
+              f"(its losses: {saved}, a --reference for later runs)", flush=True)
     print("| variant | run | s | reserved peak, hits / misses / repairs | moved back | checks | losses |")
     print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     matched = []

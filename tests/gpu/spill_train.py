@@ -296,6 +296,18 @@ def describe(r):
     return "out of memory" if r["oom"] else r["error"]
 
 
+def write_losses(path, args, setting, r):
+    """A --losses file (for --compare, and move_losses.py --reference): run r
+    (sweep.attempt's, deterministic) of args.job at args.size under setting."""
+    record = {"job": args.job, "size": int(args.size), "setting": setting, "gpu": r["gpu"],
+              "total_memory": r["total_memory"], "torch": r["torch"], "env": r["env"], "deterministic": True,
+              "warmup": args.warmup, "steps": args.steps, "step_ms": r["step_ms"], "reserved_peak": r["physical_peak"],
+              "losses": r["losses"]}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+
 def losses(args):
     """The losses mode: one deterministic run, its losses written to --losses."""
     size = int(args.size)
@@ -304,13 +316,7 @@ def losses(args):
     if not r["ok"]:
         print(f"spill_train: no losses written (log: {r['log']})", file=sys.stderr)
         return 1
-    record = {"job": args.job, "size": size, "setting": args.setting, "gpu": r["gpu"],
-              "total_memory": r["total_memory"], "torch": r["torch"], "env": r["env"], "deterministic": True,
-              "warmup": args.warmup, "steps": args.steps, "step_ms": r["step_ms"], "reserved_peak": r["physical_peak"],
-              "losses": r["losses"]}
-    with open(args.losses, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    write_losses(args.losses, args, args.setting, r)
     print(f"{len(r['losses'])} losses ({args.warmup} warmup + {args.steps}) on {r['gpu']}, last "
           f"{float.fromhex(r['losses'][-1])!r}: {args.losses}")
     return 0
