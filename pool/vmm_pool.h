@@ -210,15 +210,20 @@ class VmmPool {
   };
   std::vector<Live> live_ranges(int device) const;
   // A move of a live range's chunks to the host (`to_host`: its device chunks
-  // go to the spill tiers) or back to the device, chunk by chunk at the same
-  // offsets: each chunk moved is replaced by chunks that add up to its size.
+  // go to the spill tiers) or back to the device, at the same offsets: each
+  // part's chunks (`from`, side by side in the range) are replaced by chunks
+  // that add up to their size. To the host a part is one device chunk; to the
+  // device, a run of mapped spilled chunks, so that a range brought in whole
+  // holds few device chunks, not one per host chunk (a parked chunk is a part
+  // of its own).
   struct Move {
     CUdeviceptr base = 0;
     bool to_host = false;
     struct Part {
       std::size_t offset = 0;
-      Piece* from = nullptr;
+      std::vector<Piece*> from;
       std::vector<Piece*> to;
+      std::size_t bytes() const;
     };
     std::vector<Part> parts;
     std::size_t bytes = 0;  // moved

@@ -85,6 +85,12 @@ bool VmmPool::choose_move_chunks(int device, std::size_t size, bool to_host, std
   return false;
 }
 
+std::size_t VmmPool::Move::Part::bytes() const {
+  std::size_t size = 0;
+  for (const Piece* p : from) size += p->memory.size();
+  return size;
+}
+
 bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
   std::lock_guard lock(mutex_);
   Range* range = ranges_.at(base);
@@ -99,15 +105,32 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
   out->context = range->context();
   out->range = range;
   if (!out->context) return false;
-  std::size_t offset = 0;
-  for (Piece* p : range->pieces) {
-    const std::size_t size = p->memory.size();
-    std::vector<Piece*> to;
-    if (p->spilled != to_host && choose_move_chunks(range->device, size, to_host, &to)) {
-      out->parts.push_back({offset, p, std::move(to)});
-      out->bytes += size;
+  auto add = [&](std::size_t offset, std::vector<Piece*> from) {
+    Move::Part part{offset, std::move(from), {}};
+    const std::size_t size = part.bytes();
+    if (!choose_move_chunks(range->device, size, to_host, &part.to)) return false;
+    out->bytes += size;
+    out->parts.push_back(std::move(part));
+    return true;
+  };
+  const std::vector<Piece*>& pieces = range->pieces;
+  for (std::size_t i = 0, offset = 0; i < pieces.size();) {
+    // The chunks that move together from pieces[i]: to the device, the
+    // mapped spilled chunks from there on; where the device cannot give
+    // chunks for all of them, each alone.
+    std::size_t end = i + 1, size = pieces[i]->memory.size();
+    if (!to_host && pieces[i]->spilled && !pieces[i]->parked) {
+      for (; end < pieces.size() && pieces[end]->spilled && !pieces[end]->parked; ++end) {
+        size += pieces[end]->memory.size();
+      }
+    }
+    if (pieces[i]->spilled != to_host && !add(offset, {pieces.begin() + long(i), pieces.begin() + long(end)})) {
+      for (std::size_t j = i, at = offset; end - i > 1 && j < end; at += pieces[j++]->memory.size()) {
+        add(at, {pieces[j]});
+      }
     }
     offset += size;
+    i = end;
   }
   if (out->parts.empty()) return false;
   range->moving = true;
@@ -137,8 +160,7 @@ CUresult VmmPool::stage(Move& move) {
   CUresult status = vmm::Reservation::reserve(driver_, move.bytes, &move.staging);
   for (const Move::Part& part : move.parts) {
     move.at.push_back(move.staged);
-    const std::vector<Piece*> from{part.from};
-    for (const Piece* p : move.to_host ? from : part.to) {
+    for (const Piece* p : move.to_host ? part.from : part.to) {
       if (status == CUDA_SUCCESS && (status = move.staging.map(move.staged, p->memory, move.device)) == CUDA_SUCCESS) {
         move.staged += p->memory.size();
       }
@@ -162,10 +184,16 @@ CUresult VmmPool::copy(Move& move, CUstream stream) {
       continue;
     }
     const CUdeviceptr in_staging = move.staging.base() + move.at[i];
-    const std::size_t size = part.from->memory.size();
-    const CUdeviceptr from = part.from->parked ? part.from->home.base() : in_range;
-    result = move.to_host ? driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, size, stream)
-                          : driver_.cuMemcpyDtoDAsync_v2(in_staging, from, size, stream);
+    if (move.to_host) {
+      result = driver_.cuMemcpyDtoDAsync_v2(in_range, in_staging, part.bytes(), stream);
+      continue;
+    }
+    std::size_t done = 0;
+    for (std::size_t j = 0; j < part.from.size() && result == CUDA_SUCCESS; done += part.from[j++]->memory.size()) {
+      const Piece& p = *part.from[j];
+      result = driver_.cuMemcpyDtoDAsync_v2(in_staging + done, p.parked ? p.home.base() : in_range + done,
+                                            p.memory.size(), stream);
+    }
   }
   return result;
 }
@@ -177,8 +205,9 @@ CUresult VmmPool::remap(Move& move, bool forward) {
   // mapped (`onward`), or the other way round; on failure, as it was. A
   // parked host side is neither unmapped nor mapped.
   auto swap = [&](const Move::Part& part, bool onward) {
-    const std::vector<Piece*> from{part.from}, none;
-    const bool parked = move.to_host ? park_ : part.from->parked;
+    const std::vector<Piece*>& from = part.from;
+    static const std::vector<Piece*> none;
+    const bool parked = move.to_host ? park_ : part.from.front()->parked;
     const bool old_host = onward != move.to_host;
     const std::vector<Piece*>& old = parked && old_host ? none : onward ? from : part.to;
     const std::vector<Piece*>& fresh = parked && !old_host ? none : onward ? part.to : from;
@@ -230,8 +259,8 @@ void VmmPool::finish_move(Move& move, bool done) {
       for (Piece* p : part.to) pieces_.set_free(*p, now);
       continue;
     }
-    auto at = std::find(range.pieces.begin(), range.pieces.end(), part.from);
-    at = range.pieces.erase(at);
+    auto at = std::find(range.pieces.begin(), range.pieces.end(), part.from.front());
+    at = range.pieces.erase(at, at + long(part.from.size()));
     range.pieces.insert(at, part.to.begin(), part.to.end());
     std::size_t offset = part.offset;
     for (Piece* p : part.to) {
@@ -240,10 +269,14 @@ void VmmPool::finish_move(Move& move, bool done) {
       pieces_.hold(*p, &range);
       offset += p->memory.size();
     }
-    unmaps += !part.from->parked;
-    if (part.from->parked) place_parked(*part.from, range.va.base() + part.offset, false);
-    std::erase(part.from->ranges, &range);
-    pieces_.set_free(*part.from, now);
+    offset = part.offset;
+    for (Piece* p : part.from) {
+      unmaps += !p->parked;
+      if (p->parked) place_parked(*p, range.va.base() + offset, false);
+      std::erase(p->ranges, &range);
+      pieces_.set_free(*p, now);
+      offset += p->memory.size();
+    }
     maps += parking ? 0 : part.to.size();
   }
   b.work.driver_ns += move.driver_ns;

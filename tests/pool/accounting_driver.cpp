@@ -201,15 +201,24 @@ bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out) {
   return true;
 }
 
+namespace {
+// What `write` puts in the cell `index` cells from its `ptr`.
+uint64_t cell_value(uint64_t value, uint64_t index) { return value << 32 | index; }
+}  // namespace
+
 bool write(CUdeviceptr ptr, std::size_t size, uint64_t value) {
-  return for_cells(ptr, size, [&](uint64_t* first, uint64_t* last) { std::fill(first, last, value); });
+  uint64_t index = 0;
+  return for_cells(ptr, size, [&](uint64_t* first, uint64_t* last) {
+    for (; first != last; ++first) *first = cell_value(value, index++);
+  });
 }
 
 bool holds(CUdeviceptr ptr, std::size_t size, uint64_t value) {
   bool same = true;
+  uint64_t index = 0;
   return for_cells(ptr, size,
                    [&](const uint64_t* first, const uint64_t* last) {
-                     same = same && std::all_of(first, last, [&](uint64_t c) { return c == value; });
+                     for (; first != last && same; ++first) same = *first == cell_value(value, index++);
                    }) &&
          same;
 }

@@ -57,11 +57,13 @@ struct Backing {
 // The chunks behind [ptr, ptr + size), in address order; false, with `out`
 // as far as it got, where some address in it is not mapped.
 bool backing(CUdeviceptr ptr, std::size_t size, std::vector<Backing>* out);
-// Contents (Accounts::cell): every cell of [ptr, ptr + size) set to `value`,
-// as a kernel would write it; false where some address is not mapped or the
-// range does not fall on cells.
+// Contents (Accounts::cell): every cell of [ptr, ptr + size) set to `value`
+// and its place (the cell's index from ptr), as a kernel would write it, so
+// that bytes moved to another offset show; false where some address is not
+// mapped or the range does not fall on cells.
 bool write(CUdeviceptr ptr, std::size_t size, uint64_t value);
-// Whether every cell of [ptr, ptr + size) holds `value`, as a kernel reads it.
+// Whether every cell of [ptr, ptr + size) holds what write(ptr, size, value)
+// put there, as a kernel reads it.
 bool holds(CUdeviceptr ptr, std::size_t size, uint64_t value);
 // A hash of the cells of [ptr, ptr + size) (as VmmPool::ContentReader reads).
 bool digest(CUdeviceptr ptr, std::size_t size, uint64_t* hash);
