@@ -126,7 +126,8 @@ class Pool {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
-    if (evictor_) uses_.set_evict(evict, [this](int device) { vmm_->placement_changed(device); });
+    if (evictor_) uses_.set_evict(evict);
+    uses_.tell_switches([this](int device) { vmm_->placement_changed(device); });
     uses_.tell_steps([this](const std::string& what) {
       if (trace_) trace_->place(what);
     });

@@ -78,7 +78,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(request.device, d, now_ns, work);
   } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
-    judge_bring_in(d, now_ns - d.step_ns);
+    judge_bring_in(request.device, d, now_ns - d.step_ns);
   } else if (d.evict == EvictTrial::trying && d.evict_timed.steps && now_ns - d.step_ns > 2 * d.placed_ns) {
     judge_evict(request.device, d, now_ns - d.step_ns);
   }
@@ -135,10 +135,11 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       if (bring_in_ && d.trial == Trial::dropped) {
         d.bring_in = BringInTrial::trying;
         bringing_in_.store(true, std::memory_order_relaxed);
+        if (switched_) switched_(device);
       }
       break;
     case BringInTrial::trying:
-      if (int64_t mean = 0; d.bring_in_timed.next(step, &mean)) judge_bring_in(d, mean);  // the first settles it
+      if (int64_t mean = 0; d.bring_in_timed.next(step, &mean)) judge_bring_in(device, d, mean);  // the first settles it
       break;
     case BringInTrial::kept:
     case BringInTrial::dropped:
@@ -152,7 +153,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       if (d.evict_timed.next(step, &d.placed_ns)) {
         d.evict = EvictTrial::trying;
         d.evict_timed = {};
-        if (evict_switched_) evict_switched_(device);
+        if (switched_) switched_(device);
       }
       break;
     case EvictTrial::trying:
@@ -174,10 +175,10 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
 void Uses::judge_evict(int device, Device& d, int64_t step) {
   d.evict_ns = step;
   d.evict = step * 20 <= d.placed_ns * 19 ? EvictTrial::kept : EvictTrial::dropped;
-  if (d.evict == EvictTrial::dropped && evict_switched_) evict_switched_(device);
+  if (d.evict == EvictTrial::dropped && switched_) switched_(device);
 }
 
-void Uses::judge_bring_in(Device& d, int64_t step) {
+void Uses::judge_bring_in(int device, Device& d, int64_t step) {
   d.bring_in_ns = step;
   // No margin, unlike the plan's: the steps judged follow one to settle, and
   // the steps after them shorten further (the GCN at 2.3x the H100, judged on
@@ -185,6 +186,7 @@ void Uses::judge_bring_in(Device& d, int64_t step) {
   // 8-10% in two others; its last three steps 9.2-9.8 s where dropped,
   // 7.9-9.0 s where kept: docs/results.md).
   d.bring_in = step < d.ordered_ns ? BringInTrial::kept : BringInTrial::dropped;
+  if (d.bring_in == BringInTrial::dropped && switched_) switched_(device);
   bool any = false;
   for (const auto& [id, other] : devices_) any |= other.bringing_in();
   bringing_in_.store(any, std::memory_order_relaxed);

@@ -123,12 +123,12 @@ class Uses {
   void try_bring_in() { bring_in_ = place_; }
   // How the evictor runs (set once, before use): on trial (evict:tried) only
   // with place_by_use, after the plan's; at all times (evict:1), which the
-  // report says. `switched` is told of a device where its trial begins or
-  // drops it (under the lock of this; not to call back).
-  void set_evict(Evict mode, std::function<void(int)> switched = {}) {
-    evict_ = mode == Evict::tried && !place_ ? Evict::off : mode;
-    evict_switched_ = std::move(switched);
-  }
+  // report says.
+  void set_evict(Evict mode) { evict_ = mode == Evict::tried && !place_ ? Evict::off : mode; }
+  // Told of a device where a trial that moves live memory (bring_in's, the
+  // evictor's) begins, or drops it (under the lock of this; not to call
+  // back). Set once, before use.
+  void tell_switches(std::function<void(int)> switched) { switched_ = std::move(switched); }
   // Told, at each step a device's trials time, "step DEVICE STEP_MS trial=T
   // bring_in=B evict=E" as they stand after it (for the trace: which steps
   // each trial timed). Set once, before use.
@@ -276,7 +276,7 @@ class Uses {
   void stepped(int device, Device& d, int64_t now_ns, const Work& work);
   // Bringing in is kept if `step` (its trial's mean) is shorter than the
   // shortest step in the order requested, else dropped.
-  void judge_bring_in(Device& d, int64_t step);
+  void judge_bring_in(int device, Device& d, int64_t step);
   // Eviction is kept if `step` (its trial's mean) is at least 5% shorter
   // than Device::placed_ns, else dropped.
   void judge_evict(int device, Device& d, int64_t step);
@@ -293,7 +293,7 @@ class Uses {
   const bool place_;
   bool bring_in_ = false;
   Evict evict_ = Evict::off;
-  std::function<void(int)> evict_switched_;
+  std::function<void(int)> switched_;
   std::function<void(const std::string&)> told_;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;

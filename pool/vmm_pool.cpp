@@ -134,6 +134,11 @@ void VmmPool::end_step(int device) {
   // left by the mover's first round: docs/results.md.) Where the step after
   // such a return had to make spilled chunks, they were needed after all,
   // and only idle chunks go back from then on (until placement_changed).
+  // A chunk free at two peaks waits for its frees to complete: it was used
+  // in the step that just ended, so they are still queued on a GPU running
+  // behind, and without the wait it never went back (the GCN at 5.4M,
+  // replayed with frees 20 calls late after bring_in's trial dropped it, held
+  // 31.6 GB of host chunks cached free at each peak, 20% of all it held).
   ++steps.ended;
   const bool remade = b.work.misses != steps.misses;
   if (steps.gave_back_free_at_peaks && b.work.spilled_made != steps.spilled_made) steps.keep_free_at_peaks = true;
@@ -144,7 +149,7 @@ void VmmPool::end_step(int device) {
     const bool free_at_peaks =
         piece->free_at_end && piece->free_at_end + 1 == steps.ended && !steps.keep_free_at_peaks;
     piece->free_at_end = steps.ended;
-    if (((!remade && piece->freed_at < steps.began) || free_at_peaks) && ranges_.droppable(*piece, false)) {
+    if (((!remade && piece->freed_at < steps.began) || free_at_peaks) && ranges_.droppable(*piece, free_at_peaks)) {
       idle.push_back(piece);
       steps.gave_back_free_at_peaks |= free_at_peaks;
     }

@@ -112,10 +112,10 @@ class VmmPool {
   // Gives cached memory whose frees have completed back to the driver until at
   // most `keep` bytes stay cached on `device`.
   void trim(int device, std::size_t keep);
-  // What moves `device`'s live memory changed (the evictor began or stopped
-  // moving it, evict:tried): whether spilled chunks free at the steps' peaks
-  // were needed between them is learned again (end_step), as the host chunks
-  // the evictor makes for its moves are not the steps' own.
+  // What moves `device`'s live memory changed (bring_in or the evictor began
+  // or stopped moving it, on trial): whether spilled chunks free at the
+  // steps' peaks were needed between them is learned again (end_step), as
+  // the host chunks such moves make or leave are not the steps' own.
   void placement_changed(int device);
   // Every device's cached device memory back to the driver (after waiting
   // for pending frees, unless `quiet`); true if any went back. Spilled

@@ -54,8 +54,9 @@
 // synchronization, by the mover's copy and remap; each copy adds its bytes at
 // 51 GB/s to the clock), and --per-step says how many ranges each step brought in.
 // --bring-in-until STEP brings in as --bring-in does until that step, and
-// then no more, as bring_in:tried does once its trial dropped it: whether the
-// steps settle again.
+// then no more, as bring_in:tried does once its trial dropped it (the pool is
+// told, as the shim tells it: VmmPool::placement_changed): whether the steps
+// settle again.
 // --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step), the
 // shim's default; without it, as recall_steps:0 (the tests' recorded guards).
 // --scale F replays every request of 1 MiB or more F times as large: the
@@ -442,6 +443,7 @@ int replay(const std::string& path) {
       step_passed = 0;
       moved_this_step = false;
       ++step;
+      if (bring_in_always && step == bring_in_until) pool.placement_changed(0);
       step_from = w;
       step_accounts = accounts;
     }

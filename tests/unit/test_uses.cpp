@@ -342,6 +342,8 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
   for (const auto& [brought_ns, kept] : {std::pair<int64_t, bool>{99'000'000, true}, {100'000'000, false}}) {
     Job job(true, 64 * mib);
     job.uses().try_bring_in();
+    std::vector<int> switched;  // the devices where the trial began or dropped it
+    job.uses().tell_switches([&](int device) { switched.push_back(device); });
     for (int i = 0; i < ordered_steps; ++i) {
       job.step(i == 2 ? 100'000'000 : 150'000'000);
       EXPECT_FALSE(job.uses().brings_in(0)) << "step " << i;
@@ -350,15 +352,18 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
     job.step(96'000'000);  // the plan's, dropped: 96 ms against 100
     job.step(96'000'000);
     EXPECT_FALSE(job.uses().brings_in(0));
+    EXPECT_TRUE(switched.empty());
     job.step();  // its trial ends at this step's peak, and bringing in begins
     EXPECT_TRUE(job.uses().brings_in(0));
     EXPECT_TRUE(job.uses().bringing_in());
+    EXPECT_EQ(switched, std::vector<int>{0});
     job.step(brought_ns - 10'000'000);  // the second and third steps that bring in, timed at the next peaks
     job.step(brought_ns + 10'000'000);
     EXPECT_TRUE(job.uses().brings_in(0));
     job.step();
     EXPECT_EQ(job.uses().brings_in(0), kept) << brought_ns << " ns";
     EXPECT_EQ(job.uses().bringing_in(), kept) << "launches stop looking once it is dropped";
+    EXPECT_EQ(switched, std::vector<int>(kept ? 1 : 2, 0)) << "told again only where dropped";
     const std::string said = std::string("trial=dropped ordered_step_ms=100.0 planned_step_ms=96.0 bring_in=") +
                              (kept ? "kept" : "dropped") + " bring_in_step_ms=" + (kept ? "99.0" : "100.0");
     EXPECT_NE(job.uses().report().find(said), std::string::npos) << job.uses().report();
@@ -496,7 +501,8 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   for (const auto& [second_ns, kept] : {std::pair<int64_t, bool>{128'000'000, true}, {130'000'000, false}}) {
     Job job(true, 64 * mib);
     std::vector<int> switched;  // the devices where the trial began or dropped it
-    job.uses().set_evict(Evict::tried, [&](int device) { switched.push_back(device); });
+    job.uses().set_evict(Evict::tried);
+    job.uses().tell_switches([&](int device) { switched.push_back(device); });
     for (int i = 0; i < ordered_steps; ++i) {
       job.step(i == 2 ? 100'000'000 : 150'000'000);
       EXPECT_FALSE(job.uses().evicts(0)) << "step " << i;
