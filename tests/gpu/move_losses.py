@@ -6,7 +6,8 @@ varying-length LM). sweep.py's children, deterministic, one process each:
   reference  the job in memory without gmem (--reference-setting), once (its
              losses go to OUT/reference.json, a --reference for later runs,
              on any GPU the job computes the same on); or --reference FILE, a
-             `spill_train.py --losses` file of the same job;
+             `spill_train.py --losses` file of the same job (tests/gpu/references/
+             holds ones measured: the GCN at 2.6M nodes, 12 steps, on an H100);
   variants   each --variant NAME=KEYS in turn under the shim, GMEM_CONF
              pool:vmm,report:1, then --conf, then KEYS (a `%r` in KEYS is the
              run's folder, for trace:%r/trace), until each had --runs runs or
