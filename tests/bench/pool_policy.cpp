@@ -184,24 +184,18 @@ class BackingCheck {
   // free completed (`lag` calls on, or a synchronization).
   void freed(uint32_t id, CUdeviceptr base, std::size_t bytes) {
     auto it = of_.find(id);
-    if (it != of_.end()) pending_.push_back({base, bytes, it->second, gmem::accounting::moment()});
+    if (it != of_.end()) in_flight_.freed(base, bytes, it->second);
     remove(id);
   }
   // False, with a message naming `event`, if the addresses of a free not yet
   // completed map other memory than at the free.
   bool check_freed(std::size_t event) {
-    std::erase_if(pending_, [](const Freed& f) { return gmem::accounting::reached(f.when); });
-    bool ok = true;
-    for (const Freed& f : pending_) {
-      std::vector<gmem::accounting::Backing> chunks;
-      gmem::accounting::backing(f.base, f.bytes, &chunks);
-      if (chunks != f.behind) {
-        fprintf(stderr, "pool-policy: event %zu: 0x%llx, freed at call %llu, maps other memory before its free completed\n",
-                event, static_cast<unsigned long long>(f.base), static_cast<unsigned long long>(f.when.at));
-        ok = false;
-      }
+    const std::vector<const gmem::accounting::FreesInFlight::Freed*> remapped = in_flight_.remapped();
+    for (const gmem::accounting::FreesInFlight::Freed* f : remapped) {
+      fprintf(stderr, "pool-policy: event %zu: 0x%llx, freed at call %llu, maps other memory before its free completed\n",
+              event, static_cast<unsigned long long>(f->base), static_cast<unsigned long long>(f->when.at));
     }
-    return ok;
+    return remapped.empty();
   }
   // Every live allocation again (after a move changed what lies behind them).
   bool recheck(const std::vector<CUdeviceptr>& live, const std::vector<uint64_t>& live_bytes, std::size_t event) {
@@ -218,13 +212,7 @@ class BackingCheck {
   // By (chunk, offset): the bytes from there and the allocation they lie behind.
   std::map<std::pair<CUmemGenericAllocationHandle, std::size_t>, std::pair<std::size_t, uint32_t>> owned_;
   std::map<uint32_t, std::vector<gmem::accounting::Backing>> of_;
-  struct Freed {
-    CUdeviceptr base;
-    std::size_t bytes;
-    std::vector<gmem::accounting::Backing> behind;
-    gmem::accounting::Moment when;
-  };
-  std::vector<Freed> pending_;
+  gmem::accounting::FreesInFlight in_flight_;
 };
 
 int replay(const std::string& path) {

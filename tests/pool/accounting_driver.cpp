@@ -179,6 +179,25 @@ CUresult attribute(int* value, CUdevice_attribute attribute, CUdevice) {
 Moment moment() { return {now, accounts.syncs + accounts.event_syncs}; }
 bool reached(const Moment& m) { return now >= m.at + lag || m.syncs != accounts.syncs + accounts.event_syncs; }
 
+void FreesInFlight::freed(CUdeviceptr base, std::size_t bytes, std::vector<Backing> behind, uint64_t stream) {
+  pending_.push_back({base, bytes, std::move(behind), stream, moment()});
+}
+
+const std::vector<FreesInFlight::Freed>& FreesInFlight::pending() {
+  std::erase_if(pending_, [](const Freed& f) { return reached(f.when); });
+  return pending_;
+}
+
+std::vector<const FreesInFlight::Freed*> FreesInFlight::remapped() {
+  std::vector<const Freed*> out;
+  for (const Freed& f : pending()) {
+    std::vector<Backing> at;
+    backing(f.base, f.bytes, &at);
+    if (at != f.behind) out.push_back(&f);
+  }
+  return out;
+}
+
 void reset(std::size_t total, std::size_t peer_total) {
   accounts = Accounts();
   accounts.total = total;

@@ -80,6 +80,28 @@ struct Moment {
 };
 Moment moment();
 bool reached(const Moment& m);
+// Stream-ordered frees the device has not reached yet, each with the memory
+// that lay behind its addresses when it was made: work queued before a free
+// may still use them, so that memory must stay until the free completes.
+class FreesInFlight {
+ public:
+  struct Freed {
+    CUdeviceptr base;
+    std::size_t bytes;
+    std::vector<Backing> behind;
+    uint64_t stream;
+    Moment when;
+  };
+  // [base, base + bytes), `behind` it, freed now on `stream`.
+  void freed(CUdeviceptr base, std::size_t bytes, std::vector<Backing> behind, uint64_t stream = 0);
+  // The frees not reached yet (those reached are forgotten).
+  const std::vector<Freed>& pending();
+  // Of those, the ones whose addresses now map other memory than at the free.
+  std::vector<const Freed*> remapped();
+
+ private:
+  std::vector<Freed> pending_;
+};
 
 // Fresh accounts for a device of `total` bytes (and a peer of `peer_total`), events forgotten.
 void reset(std::size_t total = std::size_t{80} << 30, std::size_t peer_total = 0);

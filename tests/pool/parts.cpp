@@ -937,15 +937,15 @@ class FreesInFlight {
   void freed(CUdeviceptr base, std::size_t bytes, StreamId stream) {
     std::vector<accounting::Backing> behind;
     EXPECT_TRUE(accounting::backing(base, bytes, &behind));
-    pending_.push_back({base, bytes, std::move(behind), stream, accounting::moment()});
+    in_flight_.freed(base, bytes, std::move(behind), stream);
   }
   // Stream order: memory freed on one stream serves another only once the
   // free completed. `at`, the memory behind allocation `value` on `stream`,
   // holds none freed on another stream that has not.
   void check_order(const std::vector<accounting::Backing>& at, StreamId stream, uint64_t value, uint64_t op) {
-    settle();
+    const std::vector<accounting::FreesInFlight::Freed>& pending = in_flight_.pending();
     for (const accounting::Backing& b : at) {
-      for (const Freed& f : pending_) {
+      for (const accounting::FreesInFlight::Freed& f : pending) {
         for (const accounting::Backing& g : f.behind) {
           ASSERT_FALSE(f.stream != stream && b.handle == g.handle && b.offset < g.offset + g.size &&
                        g.offset < b.offset + b.size)
@@ -958,27 +958,13 @@ class FreesInFlight {
   // Work queued before a stream-ordered free may still use the freed
   // addresses: the memory behind them stays until the free completed.
   void check_addresses(uint64_t op) {
-    settle();
-    for (const Freed& f : pending_) {
-      std::vector<accounting::Backing> now;
-      accounting::backing(f.base, f.bytes, &now);
-      ASSERT_EQ(now, f.behind) << "addresses freed at op " << f.when.at << " on stream " << f.stream
-                               << " remapped before the free completed, at op " << op;
-    }
+    const std::vector<const accounting::FreesInFlight::Freed*> remapped = in_flight_.remapped();
+    ASSERT_TRUE(remapped.empty()) << "addresses freed at op " << remapped[0]->when.at << " on stream "
+                                  << remapped[0]->stream << " remapped before the free completed, at op " << op;
   }
 
  private:
-  struct Freed {
-    CUdeviceptr base;
-    std::size_t bytes;
-    std::vector<accounting::Backing> behind;
-    StreamId stream;
-    accounting::Moment when;
-  };
-  void settle() {
-    std::erase_if(pending_, [](const Freed& f) { return accounting::reached(f.when); });
-  }
-  std::vector<Freed> pending_;
+  accounting::FreesInFlight in_flight_;
 };
 
 // Whatever the pool does with its chunks (stitching, spilling to the host,
