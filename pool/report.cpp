@@ -90,7 +90,11 @@ std::string format_report(const Stats& stats, pid_t pid, const VmmPool* vmm, con
              w.unparked_bytes, checked(w).c_str());
     out += buf;
   }
-  if (vmm) out += "gmem: report vmm-pool event_queries=" + std::to_string(vmm->event_queries()) + "\n" + format_vmm_calls();
+  if (vmm) {
+    const StreamOrder::Figures e = vmm->events();
+    out += "gmem: report vmm-pool event_queries=" + std::to_string(e.queries) + " event_waits=" +
+           std::to_string(e.waits) + " event_wait_us=" + std::to_string(e.wait_ns / 1000) + "\n" + format_vmm_calls();
+  }
   if (mover) {
     const Mover::Work w = mover->work();
     out += "gmem: report mover pauses=" + std::to_string(w.rounds) + " abandoned=" + std::to_string(w.abandoned) +

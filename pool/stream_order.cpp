@@ -52,7 +52,7 @@ bool StreamOrder::ready(Pending& pending, StreamId stream) {
   // On the stream of the free, stream order already puts the new work after it.
   if (stream && pending.stream == stream) return true;
   if (quiet_) return false;
-  ++queries_;
+  ++figures_.queries;
   if (driver_.cuEventQuery(pending.fence->event) != CUDA_SUCCESS) return false;
   settle(pending);
   return true;
@@ -60,9 +60,14 @@ bool StreamOrder::ready(Pending& pending, StreamId stream) {
 
 bool StreamOrder::complete(Pending& pending, bool wait) {
   if (ready(pending, 0)) return true;
-  if (!wait || quiet_ || pending.never || driver_.cuEventSynchronize(pending.fence->event) != CUDA_SUCCESS) {
-    return false;
+  if (!wait || quiet_ || pending.never) return false;
+  ++figures_.waits;
+  CUresult status;
+  {
+    Timer timer(figures_.wait_ns);
+    status = driver_.cuEventSynchronize(pending.fence->event);
   }
+  if (status != CUDA_SUCCESS) return false;
   settle(pending);
   return true;
 }

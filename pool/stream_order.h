@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pool/clock.h"
 #include "vmm/driver.h"
 
 namespace gmem::pool {
@@ -66,15 +67,19 @@ class StreamOrder {
   // its frees are complete: settles `pending` if it waited on one of them.
   void settle_if_of(Pending& pending, CUcontext context);
   void forget_context(CUcontext context) { spare_.erase(context); }
-  // Events queried to learn whether a free has completed.
-  uint64_t queries() const { return queries_; }
+  struct Figures {
+    uint64_t queries = 0;  // events queried to learn whether a free has completed
+    uint64_t waits = 0;    // frees `complete` waited for
+    uint64_t wait_ns = 0;  // and the time those waits took
+  };
+  const Figures& figures() const { return figures_; }
 
  private:
   Fence* take_fence(CUcontext context);
 
   const vmm::Driver& driver_;
   bool quiet_ = false;
-  uint64_t queries_ = 0;
+  Figures figures_;
   std::deque<Fence> fences_;
   std::unordered_map<CUcontext, std::vector<Fence*>> spare_;  // by context
 };

@@ -438,9 +438,9 @@ Recall::Missed VmmPool::last_missed(int device) const {
   return m ? *m : Recall::Missed{};
 }
 
-uint64_t VmmPool::event_queries() const {
+StreamOrder::Figures VmmPool::events() const {
   std::lock_guard lock(mutex_);
-  return order_.queries();
+  return order_.figures();
 }
 
 std::vector<int> VmmPool::devices() const {

@@ -105,8 +105,9 @@ class VmmPool {
   Recall::Missed last_missed(int device) const;
   // The devices the pool has served.
   std::vector<int> devices() const;
-  // Events queried to learn whether a free has completed, on all devices.
-  uint64_t event_queries() const;
+  // Events queried or waited for to learn whether a free has completed, on
+  // all devices.
+  StreamOrder::Figures events() const;
   enum class High { reserved, used };
   void reset_high(int device, High which);
   // Gives cached memory whose frees have completed back to the driver until at

@@ -112,10 +112,10 @@ TEST_F(Parts, StreamOrderReusesOnTheStreamOfTheFreeAtOnceElsewhereOnceComplete) 
   Pending p = freed_on(1);
   EXPECT_TRUE(order.ready(p, 1));
   EXPECT_FALSE(order.ready(p, 2));
-  EXPECT_EQ(order.queries(), 1u);
+  EXPECT_EQ(order.figures().queries, 1u);
   order.set_quiet(true);  // a capture runs: no query
   EXPECT_FALSE(order.ready(p, 2));
-  EXPECT_EQ(order.queries(), 1u);
+  EXPECT_EQ(order.figures().queries, 1u);
   order.set_quiet(false);
   accounting::now = 10;
   EXPECT_TRUE(order.ready(p, 2));
@@ -123,6 +123,24 @@ TEST_F(Parts, StreamOrderReusesOnTheStreamOfTheFreeAtOnceElsewhereOnceComplete) 
   Pending never{1, nullptr, true};
   EXPECT_FALSE(order.ready(never, 1));
   EXPECT_FALSE(order.complete(never, true));
+  EXPECT_EQ(order.figures().waits, 0u);  // nothing to wait for
+  accounting::lag = 0;
+}
+
+TEST_F(Parts, StreamOrderCountsTheFreesItWaitedFor) {
+  accounting::lag = 10;
+  Pending p = freed_on(1);
+  EXPECT_FALSE(order.complete(p, false));
+  EXPECT_EQ(order.figures().waits, 0u);
+  order.set_quiet(true);  // a capture runs: no wait
+  EXPECT_FALSE(order.complete(p, true));
+  EXPECT_EQ(order.figures().waits, 0u);
+  order.set_quiet(false);
+  EXPECT_TRUE(order.complete(p, true));
+  EXPECT_EQ(order.figures().waits, 1u);
+  EXPECT_EQ(p.fence, nullptr);  // settled
+  EXPECT_TRUE(order.complete(p, true));  // already complete: no second wait
+  EXPECT_EQ(order.figures().waits, 1u);
   accounting::lag = 0;
 }
 
