@@ -176,7 +176,7 @@ void Stitcher::add_off_device(int device, std::size_t size, StreamId stream, std
   }
 }
 
-Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
+Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream, std::vector<FreePieces::key_type> with) {
   const int device = old.device;
   std::vector<Piece*> parts, spilled;
   std::size_t covered = 0;
@@ -188,12 +188,12 @@ Range* Stitcher::remake(Range& old, std::size_t size, StreamId stream) {
       covered += p->memory.size();
     }
   }
-  // The idle device chunks, the largest first, within the slack a stitched
-  // range may have; then its own spilled chunks for the rest.
+  // The device chunks it may take, the largest first, within the slack a
+  // stitched range may have; then its own spilled chunks for the rest.
   FreePieces& free = pieces_.free(device);
-  std::sort(old.idle_in_life.begin(), old.idle_in_life.end(), std::greater<>());
+  std::sort(with.begin(), with.end(), std::greater<>());
   const std::size_t slack = size / 32, had = covered;
-  for (const FreePieces::key_type& key : old.idle_in_life) {
+  for (const FreePieces::key_type& key : with) {
     if (covered >= size || parts.size() >= most_parts) break;
     auto it = free.find(key);
     if (it != free.end() && covered + key.first <= size + slack && order_.ready(it->second->pending, stream)) {

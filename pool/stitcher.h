@@ -48,8 +48,9 @@ class Stitcher {
   // none): the ranges due to serve later in a step that repeats (VmmPool).
   void spare(const std::unordered_set<const Range*>* ranges) { spare_ = ranges; }
   // `old`, a range just taken to serve the request it served last, partly
-  // off the device, made again with the device's chunks that were free all
-  // through its last life (Range::idle_in_life) and are free and reusable on
+  // off the device, made again with the device's chunks `with` (those that
+  // were free all through its last life, Range::idle_in_life, and others
+  // the pool chose: VmmPool::remake_with) that are free and reusable on
   // `stream` now, in place of as many of its spilled chunks as they cover:
   // in a job whose steps repeat, those chunks serve no other request while
   // this one lives, so the device's memory stops lying idle beside the
@@ -58,7 +59,7 @@ class Stitcher {
   // `old` as it was, where no spilled chunk would be replaced, or where the
   // device's chunks would cover less than a quarter of what the new range
   // maps again of the spilled ones.
-  Range* remake(Range& old, std::size_t size, StreamId stream);
+  Range* remake(Range& old, std::size_t size, StreamId stream, std::vector<FreePieces::key_type> with);
   // Whether the pool may take `size` more bytes of new memory rather than
   // take cached memory apart: it holds at most its peak use and the headroom.
   bool may_grow(const Book& book, std::size_t size) const;

@@ -125,6 +125,8 @@ void VmmPool::end_step(int device) {
   b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
   b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
   b.figures.step_peak_free_device = std::exchange(steps.peak_free_device, 0);
+  steps.spare_device =
+      b.figures.step_peak_free_device * 20 > b.figures.step_peak_reserved ? b.figures.step_peak_free_device : 0;
   // Spilled free chunks go back where they lay idle all through a step that
   // made no range, or where they were free at its peak and at the peak of the
   // step before: what the job holds at its peak it needs, and a chunk it
@@ -273,11 +275,22 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // life, unless the request is placed off the device by use. Not where a
   // peer holds spills: there the steps settle as placed, and remaking made
   // the GCN on two H200s remap every step, 15% slower (docs/results.md).
+  // Where more than a 20th of what the pool held lay free on the device at
+  // the last step's peak, it may take as much of the device's free chunks
+  // as lay free there, of those no later request of the step had last step:
+  // a job whose steps settled with a range in host memory while the chunks
+  // that could hold it were used only at other times in its life stays so
+  // otherwise (the GCN at 2.6M, replayed after bring_in's trial dropped it,
+  // held 16% of the pool free on the device at its peak beside a 26.6 GB
+  // range all in host memory, and its launches passed 45% more bytes off the
+  // device: docs/results.md, forty-eighth session).
   if (Range* fresh = r && spills && !off_device && !as_placed && r->served_key == key && r->spilled()
-                         ? stitcher_.remake(*r, rounded, stream)
+                         ? stitcher_.remake(*r, rounded, stream, remake_with(*r, device, stream, repeats, k))
                          : nullptr) {
     ++b.work.misses;
     missed_[device] = {Recall::Missed::Why::remade};
+    const std::size_t gained = r->spilled_bytes() - std::min(r->spilled_bytes(), fresh->spilled_bytes());
+    steps.spare_device -= std::min(steps.spare_device, gained);
     r = fresh;
     r->blocks.resize(1);
   } else if (r) {
@@ -312,6 +325,26 @@ std::unordered_set<const Range*> VmmPool::due_after(const Steps& steps, std::siz
     if (d && !d->live) due.insert(d);
   }
   return due;
+}
+
+std::vector<FreePieces::key_type> VmmPool::remake_with(const Range& r, int device, StreamId stream, bool repeats,
+                                                       std::size_t k) {
+  std::vector<FreePieces::key_type> with = r.idle_in_life;
+  const Steps& steps = steps_[device];
+  if (!repeats || !steps.spare_device) return with;
+  const std::unordered_set<const Range*> due = due_after(steps, k);
+  std::unordered_set<uint64_t> idle;  // by chunk id
+  for (const FreePieces::key_type& key : with) idle.insert(key.second);
+  std::size_t spare = steps.spare_device;
+  for (const auto& [key, piece] : pieces_.free(device)) {
+    if (piece->spilled || key.first > spare || idle.count(key.second) || !order_.ready(piece->pending, stream) ||
+        std::any_of(piece->ranges.begin(), piece->ranges.end(), [&](const Range* d) { return due.count(d); })) {
+      continue;
+    }
+    with.push_back(key);
+    spare -= key.first;
+  }
+  return with;
 }
 
 void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {

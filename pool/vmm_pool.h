@@ -374,6 +374,10 @@ class VmmPool {
     bool gave_back_free_at_peaks = false;  // at the last end
     bool keep_free_at_peaks = false;       // once the step after that made spilled chunks
     std::size_t peak_used = 0, peak_reserved = 0, peak_free_device = 0;  // of the step under way
+    // The device's chunks free at the last step's peak, where more than a
+    // 20th of what the pool held then, less what remade ranges took since
+    // (spare_device_for).
+    std::size_t spare_device = 0;
     // The step's whole-range requests so far, and the last step's (recall_by_step).
     struct Request {
       std::size_t rounded = 0;
@@ -385,6 +389,12 @@ class VmmPool {
   PerDevice<Steps> steps_;
   // The free ranges that served the last step's requests after the k-th.
   std::unordered_set<const Range*> due_after(const Steps& steps, std::size_t k) const;
+  // The device's chunks `r` may be remade with (Stitcher::remake), for the
+  // step's k-th request: those free all through its last life, and where
+  // steps repeat (`repeats`), up to steps.spare_device bytes of those free
+  // and reusable on `stream` now, in no range due later in the step.
+  std::vector<FreePieces::key_type> remake_with(const Range& r, int device, StreamId stream, bool repeats,
+                                                std::size_t k);
   bool recall_by_step_ = false;
   bool check_mappings_ = false;
   ContentReader reader_;  // check_moves
