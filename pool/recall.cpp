@@ -58,7 +58,7 @@ std::string Recall::Missed::text() const {
     case Why::waiting:
       return "the request's last range was free, but not yet on its stream";
     case Why::remade:
-      return "the request's last range, remade over the device's chunks idle all its life";
+      return "the request's last range, remade over the device's chunks idle all its life or free at the last peaks";
   }
   return "";
 }

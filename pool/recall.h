@@ -48,7 +48,7 @@ class Recall {
       placed,   // its bytes off the device were not what the request takes
       held,     // chunks of it are in use through other ranges
       waiting,  // its chunks are free, but not yet for this stream
-      remade,   // it served, made again over the device's chunks idle all its last life
+      remade,   // it served, made again over the device's chunks idle all its last life or free at the last peaks
     } why = Why::untold;
     std::size_t off_device = 0;          // placed: its bytes off the device
     // held (or placed, where also held): the bytes of its chunks in use, of

@@ -125,8 +125,11 @@ void VmmPool::end_step(int device) {
   b.figures.step_peak_used = std::exchange(steps.peak_used, 0);
   b.figures.step_peak_reserved = std::exchange(steps.peak_reserved, 0);
   b.figures.step_peak_free_device = std::exchange(steps.peak_free_device, 0);
-  steps.spare_device =
-      b.figures.step_peak_free_device * 20 > b.figures.step_peak_reserved ? b.figures.step_peak_free_device : 0;
+  const std::size_t spare = b.figures.step_peak_free_device * 20 > b.figures.step_peak_reserved && !steps.placed_off
+                                ? b.figures.step_peak_free_device
+                                : 0;
+  steps.spare_device = std::min(spare, std::exchange(steps.spare_last, spare));
+  steps.placed_off = false;
   // Spilled free chunks go back where they lay idle all through a step that
   // made no range, or where they were free at its peak and at the peak of the
   // step before: what the job holds at its peak it needs, and a chunk it
@@ -276,14 +279,17 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // peer holds spills: there the steps settle as placed, and remaking made
   // the GCN on two H200s remap every step, 15% slower (docs/results.md).
   // Where more than a 20th of what the pool held lay free on the device at
-  // the last step's peak, it may take as much of the device's free chunks
-  // as lay free there, of those no later request of the step had last step:
-  // a job whose steps settled with a range in host memory while the chunks
-  // that could hold it were used only at other times in its life stays so
-  // otherwise (the GCN at 2.6M, replayed after bring_in's trial dropped it,
-  // held 16% of the pool free on the device at its peak beside a 26.6 GB
-  // range all in host memory, and its launches passed 45% more bytes off the
-  // device: docs/results.md, forty-eighth session).
+  // the peaks of the last two steps, it may take as much of the device's
+  // free chunks as lay free there, of those no later request of the step
+  // had last step: a job whose steps settled with a range in host memory
+  // while the chunks that could hold it were used only at other times in
+  // its life stays so otherwise (the GCN at 2.6M, replayed after bring_in's
+  // trial dropped it, held 16% of the pool free on the device at its peak
+  // beside a 26.6 GB range all in host memory, and its launches passed 45%
+  // more bytes off the device: docs/results.md, forty-eighth session). Not
+  // after a peak that was only passing (one step), or that the plan made,
+  // placing off the device by use: remade ranges then left the GCN another
+  // layout whose launches passed 10% more bytes off the device.
   if (Range* fresh = r && spills && !off_device && !as_placed && r->served_key == key && r->spilled()
                          ? stitcher_.remake(*r, rounded, stream, remake_with(*r, device, stream, repeats, k))
                          : nullptr) {
@@ -311,6 +317,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   }
   r->last_use = pieces_.hand_out();
   r->placed_by_use = off_device > 0;
+  steps.placed_off |= r->placed_by_use;
   r->served_key = key;
   recall.served(key, rounded, {r->va.base(), r->id});
   if (stepped && k < max_step_requests) steps.served.push_back({rounded, {r->va.base(), r->id}});

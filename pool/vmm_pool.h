@@ -374,10 +374,13 @@ class VmmPool {
     bool gave_back_free_at_peaks = false;  // at the last end
     bool keep_free_at_peaks = false;       // once the step after that made spilled chunks
     std::size_t peak_used = 0, peak_reserved = 0, peak_free_device = 0;  // of the step under way
-    // The device's chunks free at the last step's peak, where more than a
-    // 20th of what the pool held then, less what remade ranges took since
-    // (spare_device_for).
-    std::size_t spare_device = 0;
+    // The device's chunks free at the peak of the last step, and of the
+    // step before, where more than a 20th of what the pool held then and no
+    // request of the step was placed off the device by use (the least of
+    // the two), less what remade ranges took since (remake_with); the last
+    // step's alone; whether a request of the step under way was so placed.
+    std::size_t spare_device = 0, spare_last = 0;
+    bool placed_off = false;
     // The step's whole-range requests so far, and the last step's (recall_by_step).
     struct Request {
       std::size_t rounded = 0;
