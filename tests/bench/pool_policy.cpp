@@ -8,7 +8,8 @@
 //               [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
-//               [--max-steady-cached-free F] [--move-back-below F] [--check-backing] [--own-cost] TRACE...
+//               [--max-steady-cached-free F] [--max-last-step-passed BYTES] [--move-back-below F]
+//               [--check-backing] [--own-cost] TRACE...
 // --device-memory is the device's size; without it, a size that leaves the
 // pool as much of the device as it held when the device filled, where the
 // trace says (`# device full`, in gmem's own traces), else 80 GiB.
@@ -30,7 +31,9 @@
 // that needed a range made from that step on. --max-last-step-maps fails the
 // run when the trace's last whole step mapped more than that many chunks;
 // --max-steady-cached-free when what was cached free at the peak of either
-// of its last two whole steps is above that fraction of what the pool held.
+// of its last two whole steps is above that fraction of what the pool held;
+// --max-last-step-passed when the launches of the last whole step passed more
+// than BYTES off the device (a trace with use lines).
 // --passes replays each trace N times, as a job whose steps repeat exactly;
 // --lag makes each free complete only that many calls later, as on a GPU that
 // runs behind the program. --max-ratio and --max-steady-maps fail the run when
@@ -79,6 +82,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accounting_driver.h"
@@ -95,7 +99,8 @@ using gmem::accounting::accounts;
 using gmem::accounting::lag;
 using gmem::accounting::now;
 
-double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1;
+double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_cached_free = -1,
+       max_last_step_passed = -1;
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
@@ -286,7 +291,7 @@ int replay(const std::string& path) {
   // when they ran (an upper estimate of what they moved over PCIe, as the
   // shim's host_access_bytes is), this step and over the steady state.
   std::size_t next_use = 0;
-  uint64_t step_passed = 0, steady_passed = 0, steady_steps = 0, step_brought_in = 0;
+  uint64_t step_passed = 0, last_step_passed = 0, steady_passed = 0, steady_steps = 0, step_brought_in = 0;
   brought_in = 0;
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
   gmem::accounting::Accounts at_steady;
@@ -428,7 +433,7 @@ int replay(const std::string& path) {
         steady_passed += step_passed;
         ++steady_steps;
       }
-      step_passed = 0;
+      last_step_passed = std::exchange(step_passed, 0);
       moved_this_step = false;
       ++step;
       if (bring_in_always && step == bring_in_until) pool.placement_changed(0);
@@ -485,6 +490,11 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s: %.4f of what the pool held lay cached free at the peak of one of the last two "
             "steps (%.4f, %.4f), above %.4f\n", path.c_str(), std::max(cached_free[0], cached_free[1]), cached_free[0],
             cached_free[1], max_steady_cached_free);
+    return 1;
+  }
+  if (max_last_step_passed >= 0 && double(last_step_passed) > max_last_step_passed) {
+    fprintf(stderr, "pool-policy: %s: the last whole step's launches passed %s off the device, above %.0f bytes\n",
+            path.c_str(), gigabytes(last_step_passed).c_str(), max_last_step_passed);
     return 1;
   }
   if (max_ratio > 0 && ratio > max_ratio) {
@@ -580,6 +590,8 @@ int main(int argc, char** argv) {
       max_last_step_maps = std::strtod(argv[++i], nullptr);
     } else if (a == "--max-steady-cached-free" && i + 1 < argc) {
       max_steady_cached_free = std::strtod(argv[++i], nullptr);
+    } else if (a == "--max-last-step-passed" && i + 1 < argc) {
+      max_last_step_passed = std::strtod(argv[++i], nullptr);
     } else if (a == "--lag" && i + 1 < argc) {
       lag = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--passes" && i + 1 < argc) {
