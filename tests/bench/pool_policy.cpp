@@ -492,6 +492,10 @@ int replay(const std::string& path) {
             cached_free[1], max_steady_cached_free);
     return 1;
   }
+  if (max_last_step_passed >= 0 && trace->uses.empty()) {
+    fprintf(stderr, "pool-policy: %s: --max-last-step-passed needs a trace with use lines\n", path.c_str());
+    return 1;
+  }
   if (max_last_step_passed >= 0 && double(last_step_passed) > max_last_step_passed) {
     fprintf(stderr, "pool-policy: %s: the last whole step's launches passed %s off the device, above %.0f bytes\n",
             path.c_str(), gigabytes(last_step_passed).c_str(), max_last_step_passed);
