@@ -285,7 +285,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // while the chunks that could hold it were used only at other times in
   // its life stays so otherwise (the GCN at 2.6M, replayed after bring_in's
   // trial dropped it, held 16% of the pool free on the device at its peak
-  // beside a 26.6 GB range all in host memory, and its launches passed 45%
+  // beside a 26.6 GB range all in host memory, and its launches passed 44%
   // more bytes off the device: docs/results.md, forty-eighth session). Not
   // after a peak that was only passing (one step), or that the plan made,
   // placing off the device by use: remade ranges then left the GCN another
