@@ -77,7 +77,7 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   Device& d = devices_[request.device];
   if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(request.device, d, now_ns, work);
-  } else if (d.bring_in == BringInTrial::trying && now_ns - d.step_ns > 2 * d.ordered_ns) {
+  } else if (d.bring_in == BringInTrial::trying && d.bring_in_timed.steps && now_ns - d.step_ns > 2 * d.ordered_ns) {
     judge_bring_in(request.device, d, now_ns - d.step_ns);
   } else if (d.evict == EvictTrial::trying && d.evict_timed.steps && now_ns - d.step_ns > 2 * d.placed_ns) {
     judge_evict(request.device, d, now_ns - d.step_ns);

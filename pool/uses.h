@@ -36,9 +36,13 @@
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // has dropped the plan: three steps with it (the first settles), kept only if
 // the mean of the second and third is shorter than the shortest in the order
-// requested, or dropped as soon as a step with it has lasted twice that long
-// (the LM's took 31 s against 5.0, and the trial's steps cost it about 18 s
-// in all). It pays where a kernel runs over host memory far slower than the
+// requested, or dropped as soon as a step after the first has lasted twice
+// that long (the LM's took 31 s against 5.0, and the trial's steps cost it
+// about 18 s in all). Not the first: it pays for the switch, the ranges
+// brought in as the launches first meet them (the GCN at 1.6x an H100 capped
+// at 44G: 4.65 s against 2.2, where bringing in from the start stepped in
+// 1.44 s against 1.97-2.14 s dropped: docs/results.md, forty-ninth session).
+// It pays where a kernel runs over host memory far slower than the
 // link (the GCN's index_put_, reading its source in the order of a sorted
 // index, ran at a quarter of it), and costs where the room it takes was
 // wanted by the next requests (the LM's steps took 1.7x as long). A kept plan
