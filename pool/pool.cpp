@@ -76,6 +76,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     if (a.size > use.off_device) evictor_->make_room(a.device, a.size - use.off_device);
   }
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
+  const StreamOrder::Figures events_before = trace_ ? vmm_->events() : StreamOrder::Figures{};
   // Whether the GPU ran out of work while the pool made a range: the time
   // was then the step's, not hidden behind queued kernels. Never while a
   // stream capture runs: querying a stream would invalidate it.
@@ -117,11 +118,18 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   allocations_.insert(a);
   if (trace_) {
     const Work after = vmm_->work(a.device);
+    const StreamOrder::Figures events = vmm_->events();
     const bool made_range = after.misses > before.misses;
-    const TraceRecorder::Made made{after.maps - before.maps, after.map_ns - before.map_ns, a.host_bytes,
-                                   made_range && busy_before && !busy(),
-                                   made_range ? vmm_->last_missed(a.device) : Recall::Missed{}};
-    trace_->allocated(block.base, a.size, stream, use.off_device, made_range ? &made : nullptr);
+    const uint64_t waits = events.waits - events_before.waits;
+    const TraceRecorder::Made made{after.maps - before.maps,
+                                   after.map_ns - before.map_ns,
+                                   a.host_bytes,
+                                   (made_range || waits) && busy_before && !busy(),
+                                   made_range ? vmm_->last_missed(a.device) : Recall::Missed{},
+                                   waits,
+                                   events.wait_ns - events_before.wait_ns,
+                                   made_range};
+    trace_->allocated(block.base, a.size, stream, use.off_device, made_range || waits ? &made : nullptr);
   }
   return CUDA_SUCCESS;
 }

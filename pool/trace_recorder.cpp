@@ -76,12 +76,16 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
   const uint32_t id = id_for(base, size);
   const uint32_t number = stream_number(stream);
   std::fprintf(out_, "a %u %zu %u %zu\n", id, size, number, off_device);
-  if (made) {
+  const char* drained = made && made->drained ? "; its stream ran out of work meanwhile" : "";
+  if (made && made->range) {
     std::fprintf(out_, "# made: %llu mappings in %.1f ms, %zu bytes on the host%s",
-                 static_cast<unsigned long long>(made->maps), double(made->map_ns) / 1e6, made->host,
-                 made->drained ? "; its stream ran out of work meanwhile" : "");
+                 static_cast<unsigned long long>(made->maps), double(made->map_ns) / 1e6, made->host, drained);
     const std::string missed = made->missed.text();
     std::fprintf(out_, "%s%s\n", missed.empty() ? "" : "; ", missed.c_str());
+  }
+  if (made && made->waits) {
+    std::fprintf(out_, "# waited: %llu frees in %.1f ms%s\n", static_cast<unsigned long long>(made->waits),
+                 double(made->wait_ns) / 1e6, drained);
   }
   if (size >= large_range) std::fprintf(out_, "# at %u 0x%llx\n", id, static_cast<unsigned long long>(base));
   std::fflush(out_);

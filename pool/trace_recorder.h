@@ -40,11 +40,17 @@ class TraceRecorder {
   // for it (`made`), a comment line follows: the chunks it mapped, the time
   // that took, the bytes that lie on the host (what a replay is compared
   // with), and why the range that served the same request last did not.
+  // Where the request waited for frees to complete before memory went back
+  // (StreamOrder::Figures, any thread's during it), another follows:
+  // `# waited: N frees in MS ms`, with the same note where the stream ran out
+  // of work meanwhile.
   struct Made {
     uint64_t maps = 0, map_ns = 0;
     std::size_t host = 0;
     bool drained = false;  // the allocation's stream had work before and none after
     Recall::Missed missed;
+    uint64_t waits = 0, wait_ns = 0;
+    bool range = true;  // a range was made (else it only waited)
   };
   // An allocation of large_range or more (one use lines may name) is
   // followed by a comment line with its address, `# at ID 0xADDRESS` (after

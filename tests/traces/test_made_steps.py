@@ -14,14 +14,18 @@ import made_steps  # noqa: E402
 # Two steps the pool timed and one range made after the last: in the first,
 # two ranges (the second while its stream ran out of work, with a reason that
 # says "in use", which a reading of the time that stops at the last " in "
-# would take for its time); in the second, none.
+# would take for its time), and two waits for frees (one as the stream ran
+# out of work); in the second, none.
 LINES = [gmem_trace.HEADER,
          "a 0 2000000000 0 0",
          "# made: 3 mappings in 12.5 ms, 500000000 bytes on the host",
          "a 1 1000000000 0 0",
          "# made: 5 mappings in 100.0 ms, 250000000 bytes on the host; its stream ran out of work meanwhile;"
          " the request's last range had 2097152 bytes (0 off the device) in use through 2 other ranges",
-         "f 0", "f 1",
+         "# waited: 1 frees in 40.5 ms",
+         "a 2 1000000 0 0",
+         "# waited: 2 frees in 300.0 ms; its stream ran out of work meanwhile",
+         "f 0", "f 1", "f 2",
          "# place 5000 step 0 4000.0 trial=ordered bring_in=untried evict=off pinned_ms=0.0",
          "a 0 2000000000 0 0", "a 1 1000000000 0 0", "f 0", "f 1",
          "# place 9000 step 0 3900.5 trial=planned bring_in=untried evict=off pinned_ms=0.0",
@@ -36,6 +40,10 @@ class Steps(unittest.TestCase):
         self.assertEqual((first.ranges, first.mappings, first.host), (2, 8, 750000000))
         self.assertAlmostEqual(first.map_ms, 112.5)
         self.assertAlmostEqual(first.out_of_work_ms, 100.0)
+        self.assertEqual(first.waits, 3)
+        self.assertAlmostEqual(first.wait_ms, 340.5)
+        self.assertAlmostEqual(first.wait_out_of_work_ms, 300.0)
+        self.assertEqual((second.waits, second.wait_ms), (0, 0.0))
         self.assertEqual(first.made[1][1:4], (1000000000, 5, 250000000))
         self.assertTrue(first.made[1][4].startswith("the request's last range had 2097152 bytes"))
         self.assertEqual((second.ms, second.trial, second.ranges, second.map_ms), (3900.5, "planned", 0, 0.0))

@@ -52,6 +52,9 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     using Why = gmem::pool::Recall::Missed::Why;
     const TraceRecorder::Made drained{2, 1'000'000, 0, true, {Why::held, 0, 6 << 20, 2 << 20, 2}};
     trace->allocated(0x5000, 300 << 20, 0, 0, &drained);
+    // No range made, but two frees waited for meanwhile, as the stream ran dry.
+    const TraceRecorder::Made waited{0, 0, 0, true, {}, 2, 1'500'000'000, false};
+    trace->allocated(0x6000, 400 << 20, 0, 0, &waited);
     trace->device_full(std::size_t{78} << 30);
     trace->device_full(std::size_t{77} << 30);  // said once
   }
@@ -64,6 +67,10 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
                       "ranges\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find(" 419430400 0 0\n# waited: 2 frees in 1500.0 ms; its stream ran out of work meanwhile\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("# made: 0 mappings"), std::string::npos) << text;
   EXPECT_NE(text.find("# device full: the pool held 83751862272 bytes of the device\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("82678120448"), std::string::npos) << text;
   // The movers' lines: who, a time, the allocation's id, what.
@@ -77,7 +84,7 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
-  ASSERT_EQ(t->events.size(), 7u);
+  ASSERT_EQ(t->events.size(), 8u);
   EXPECT_EQ(t->events[1].bytes, std::size_t{200} << 20);
   EXPECT_EQ(t->events[1].stream, 1u);
   EXPECT_EQ(t->events[1].off_device, std::size_t{64} << 20);
@@ -87,9 +94,9 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_EQ(t->events[3].stream, 0u);
   EXPECT_EQ(t->events[4].id, 2u);
   EXPECT_EQ(t->events[4].stream, 2u);
-  EXPECT_EQ(t->ids, 3u);
+  EXPECT_EQ(t->ids, 4u);
   EXPECT_EQ(t->events[6].bytes, std::size_t{300} << 20);
-  EXPECT_EQ(t->peak_requested, (std::size_t{300} << 20) + 110);
+  EXPECT_EQ(t->peak_requested, (std::size_t{700} << 20) + 110);
   EXPECT_EQ(t->device_full, std::size_t{78} << 30);
   EXPECT_EQ(t->counting_from, 3u);  // from the allocation after the line
   EXPECT_EQ(text.find("# counting launches"), text.rfind("# counting launches")) << text;
