@@ -41,7 +41,7 @@
 // about 18 s in all). Not the first: it pays for the switch, the ranges
 // brought in as the launches first meet them (the GCN at 1.6x an H100 capped
 // at 44G: 4.65 s against 2.2, where bringing in from the start stepped in
-// 1.44 s against 1.97-2.14 s dropped: docs/results.md, forty-ninth session).
+// 1.44 s against 1.97-2.16 s dropped: docs/results.md, forty-ninth session).
 // It pays where a kernel runs over host memory far slower than the
 // link (the GCN's index_put_, reading its source in the order of a sorted
 // index, ran at a quarter of it), and costs where the room it takes was
