@@ -4,7 +4,8 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--bring-in-until STEP]
+//               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
+//               [--bring-in-until STEP]
 //               [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
 //               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
@@ -59,7 +60,9 @@
 // --bring-in-until STEP brings in as --bring-in does until that step, and
 // then no more, as bring_in:tried does once its trial dropped it (the pool is
 // told, as the shim tells it: VmmPool::placement_changed): whether the steps
-// settle again.
+// settle again. --bring-in-from STEP brings in from that step on, as
+// bring_in:tried does once its trial begins (the pool told likewise): whether
+// they settle as they do bringing in from the start.
 // --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step), the
 // shim's default; without it, as recall_steps:0 (the tests' recorded guards).
 // --scale F replays every request of 1 MiB or more F times as large: the
@@ -107,7 +110,7 @@ std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} <<
 bool per_step = false, place_by_use = false, bring_in_always = false, recall_steps = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
-int bring_in_until = INT32_MAX;  // --bring-in-until
+int bring_in_from = 0, bring_in_until = INT32_MAX;  // --bring-in-from, --bring-in-until
 int misses_from = INT32_MAX;
 double move_back_below = 0;
 bool check_backing = false;
@@ -319,7 +322,7 @@ int replay(const std::string& path) {
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
       const gmem::trace::Trace::Use& use = trace->uses[next_use];
-      if (bring_in_always && step < bring_in_until) {
+      if (bring_in_always && step >= bring_in_from && step < bring_in_until) {
         const uint64_t before = brought_in;
         clock_ns += bring_in(pool, *tiers, driver, use.ids, live, live_bytes);
         if (check_backing && brought_in > before) backing_ok &= backing.recheck(live, live_bytes, i % events);
@@ -436,7 +439,7 @@ int replay(const std::string& path) {
       last_step_passed = std::exchange(step_passed, 0);
       moved_this_step = false;
       ++step;
-      if (bring_in_always && step == bring_in_until) pool.placement_changed(0);
+      if (bring_in_always && ((step == bring_in_from && step > 0) || step == bring_in_until)) pool.placement_changed(0);
       step_from = w;
       step_accounts = accounts;
     }
@@ -582,6 +585,9 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--bring-in") {
       place_by_use = bring_in_always = true;
+    } else if (a == "--bring-in-from" && i + 1 < argc) {
+      place_by_use = bring_in_always = true;
+      bring_in_from = std::atoi(argv[++i]);
     } else if (a == "--bring-in-until" && i + 1 < argc) {
       place_by_use = bring_in_always = true;
       bring_in_until = std::atoi(argv[++i]);
