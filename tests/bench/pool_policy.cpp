@@ -259,11 +259,12 @@ int replay(const std::string& path) {
   std::optional<gmem::pool::Uses> uses;
   std::vector<gmem::pool::AccessTable::ThreadCounts*> thread_counts;  // by the trace's thread
   int64_t clock_ns = 0;
+  if ((place_by_use || max_last_step_passed >= 0) && trace->uses.empty()) {
+    fprintf(stderr, "pool-policy: %s: %s needs a trace with use lines\n", path.c_str(),
+            place_by_use ? "--place-by-use" : "--max-last-step-passed");
+    return 1;
+  }
   if (place_by_use) {
-    if (trace->uses.empty()) {
-      fprintf(stderr, "pool-policy: %s: --place-by-use needs a trace with use lines\n", path.c_str());
-      return 1;
-    }
     if (bring_in_always && !tiers) {
       fprintf(stderr, "pool-policy: %s: --bring-in needs memory to bring in from (--host-memory or --peer-memory)\n",
               path.c_str());
@@ -493,10 +494,6 @@ int replay(const std::string& path) {
     fprintf(stderr, "pool-policy: %s: %.4f of what the pool held lay cached free at the peak of one of the last two "
             "steps (%.4f, %.4f), above %.4f\n", path.c_str(), std::max(cached_free[0], cached_free[1]), cached_free[0],
             cached_free[1], max_steady_cached_free);
-    return 1;
-  }
-  if (max_last_step_passed >= 0 && trace->uses.empty()) {
-    fprintf(stderr, "pool-policy: %s: --max-last-step-passed needs a trace with use lines\n", path.c_str());
     return 1;
   }
   if (max_last_step_passed >= 0 && double(last_step_passed) > max_last_step_passed) {
