@@ -59,27 +59,43 @@ void Slabs::release(Range& slab, std::size_t index, const Pending& pending) {
   if (--slab.live == 0) d.empty.insert(&slab);
 }
 
-bool Slabs::cache_empty(int device, bool wait) {
+bool Slabs::cache_empty(int device, StreamId stream, bool wait) {
   Device& d = devices_[device];
-  std::vector<Range*> empty;
+  std::vector<std::pair<Range*, Pending>> empty;  // with the last of their frees
   for (Range* r : d.empty) {
     auto& blocks = d.free_blocks[r->class_size];
     auto first = blocks.lower_bound(r->va.base()), end = blocks.lower_bound(r->va.base() + r->va.size());
-    if (std::all_of(first, end, [&](auto& b) { return order_.complete(b.second, wait); })) {
-      blocks.erase(first, end);
-      empty.push_back(r);
-    }
+    // On the stream of the frees, stream order puts new work after them all.
+    Pending last;
+    auto reusable = [&](Pending& p) {
+      if (order_.ready(p, stream)) {
+        if (StreamOrder::later(p, last)) last = p;
+        return true;
+      }
+      return order_.complete(p, wait);
+    };
+    if (!std::all_of(first, end, [&](auto& b) { return reusable(b.second); })) continue;
+    Pending kept;
+    order_.share(kept, last);
+    for (auto b = first; b != end; ++b) order_.settle(b->second);
+    blocks.erase(first, end);
+    empty.emplace_back(r, kept);
   }
   // Mapped as they are: a later slab or request of their size takes them
   // back without the driver, and their chunks serve any range meanwhile.
-  for (Range* r : empty) {
+  for (auto& [r, last] : empty) {
     d.empty.erase(r);
     books_[device].cached_bytes -= r->va.size();  // counted again as free chunks
     r->class_size = 0;
     r->blocks.assign(1, Block{});
     ranges_.cache(*r);
+    order_.share(r->last_free, last);
     const int64_t now = now_ns();
-    for (Piece* p : r->pieces) pieces_.set_free(*p, now);
+    for (Piece* p : r->pieces) {
+      pieces_.set_free(*p, now);
+      order_.share(p->pending, last);
+    }
+    order_.settle(last);
   }
   return !empty.empty();
 }

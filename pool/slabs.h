@@ -32,9 +32,11 @@ class Slabs {
   void add(Range& range, std::size_t class_size);
   // The live block `index` of `slab` is free once `pending` completes.
   void release(Range& slab, std::size_t index, const Pending& pending);
-  // Empty slabs whose frees have completed (with `wait`: once they have)
-  // become cached whole ranges, their chunks free for any range; true if any did.
-  bool cache_empty(int device, bool wait);
+  // Empty slabs whose frees are reusable on `stream` (0: have completed;
+  // with `wait`, frees on other streams are waited for) become cached whole
+  // ranges, their chunks free for any range, reusable where the last of
+  // those frees is; true if any did.
+  bool cache_empty(int device, StreamId stream, bool wait);
   // The largest class with a free block on `device`; 0 if none.
   std::size_t largest_free(int device) const;
   template <typename Visit>

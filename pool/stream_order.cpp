@@ -22,6 +22,7 @@ CUresult StreamOrder::record(OrderedFree order, Pending* out) {
   Pending pending{order.id, take_fence(context), false};
   if (!pending.fence) return CUDA_ERROR_OUT_OF_MEMORY;
   ++pending.fence->users;
+  pending.fence->recorded = ++records_;
   CUresult status = driver_.cuEventRecord(pending.fence->event, order.stream);
   if (status != CUDA_SUCCESS) {
     settle(pending);

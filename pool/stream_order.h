@@ -33,6 +33,7 @@ struct Fence {
   CUevent event = nullptr;
   CUcontext context = nullptr;
   uint32_t users = 0;
+  uint64_t recorded = 0;  // when recorded, in the order of records
 };
 
 // When freed memory may be handed out again.
@@ -60,6 +61,10 @@ class StreamOrder {
   // Whether the free has completed; with `wait`, it is waited for (unless a
   // capture runs or it never completes).
   bool complete(Pending& pending, bool wait);
+  // Of two frees ready on one stream, whether `a` was recorded after `b`.
+  static bool later(const Pending& a, const Pending& b) {
+    return a.fence && (!b.fence || a.fence->recorded > b.fence->recorded);
+  }
   // `to` waits for what `from` waits for (its earlier wait settled).
   void share(Pending& to, const Pending& from);
   void settle(Pending& pending);
@@ -79,6 +84,7 @@ class StreamOrder {
 
   const vmm::Driver& driver_;
   bool quiet_ = false;
+  uint64_t records_ = 0;
   Figures figures_;
   std::deque<Fence> fences_;
   std::unordered_map<CUcontext, std::vector<Fence*>> spare_;  // by context

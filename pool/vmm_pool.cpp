@@ -24,7 +24,7 @@ VmmPool::VmmPool(const vmm::Driver& driver, Publisher* publisher, double headroo
       slabs_(books_, order_, pieces_, ranges_),
       stitcher_(books_, order_, pieces_, ranges_, tiers, headroom, [this](int device) {
         complete_pending_frees();
-        slabs_.cache_empty(device, false);
+        slabs_.cache_empty(device, 0, false);
       }) {}
 
 void VmmPool::publish_free_figures(int device) {
@@ -268,8 +268,8 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   }
   if (!r) r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   // Rather than grow beyond the headroom, empty slabs become cached ranges
-  // (once their frees have completed), and may serve.
-  if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, true)) {
+  // (once their frees are reusable on the stream), and may serve.
+  if (!r && !stitcher_.may_grow(b, rounded) && slabs_.cache_empty(device, stream, true)) {
     r = ranges_.take_cached(device, rounded, most, stream, off, most_spilled);
   }
   if (!r && device_short()) r = ranges_.take_cached(device, rounded, most, stream, OffDevice::any(), most_spilled);
@@ -523,7 +523,7 @@ bool VmmPool::give_back_cache(bool quiet) {
 
 void VmmPool::trim_locked(int device, std::size_t keep, bool spilled_too) {
   Book& b = books_[device];
-  slabs_.cache_empty(device, false);
+  slabs_.cache_empty(device, 0, false);
   // Largest first: the fewest ranges lose their mappings.
   FreePieces& free = pieces_.free(device);
   for (auto it = free.end(); b.cached_bytes > keep && it != free.begin();) {

@@ -364,12 +364,35 @@ TEST_F(Parts, SlabsHandOutLowAddressesFirstAndEmptySlabsBecomeCachedRanges) {
   ASSERT_TRUE(slabs.take(4096, 0, 1, &got, &index));
   EXPECT_EQ(index, 0u);  // the lowest address again
   slabs.release(*slab, 0, freed_on(1));
-  EXPECT_TRUE(slabs.cache_empty(0, false));
+  EXPECT_TRUE(slabs.cache_empty(0, 0, false));
   EXPECT_EQ(slab->class_size, 0u);
   EXPECT_EQ(slabs.largest_free(0), 0u);
   EXPECT_EQ(pieces.largest_free(0), 2 * MiB);
   EXPECT_EQ(books[0].cached_bytes, 2 * MiB);
   EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 0, OffDevice::none()), slab);
+}
+
+TEST_F(Parts, AnEmptySlabServesTheStreamOfItsFreesAtOnceOthersAfterItsLastFree) {
+  accounting::lag = 10;
+  Range* slab = nullptr;
+  std::size_t index = 0;
+  ASSERT_EQ(ranges.map({make(2 * MiB)}, 0, &slab), CUDA_SUCCESS);
+  slabs.add(*slab, 4096);
+  ASSERT_TRUE(slabs.take(4096, 0, 1, &slab, &index));
+  slab->blocks[0].base = slab->va.base();
+  slab->blocks[1].base = slab->va.base() + 4096;
+  slabs.release(*slab, 1, freed_on(1));  // completes at 10
+  accounting::now = 5;
+  slabs.release(*slab, 0, freed_on(1));  // the last free: completes at 15
+  accounting::now = 12;
+  EXPECT_FALSE(slabs.cache_empty(0, 2, false));  // another stream does not wait
+  EXPECT_TRUE(slabs.cache_empty(0, 1, false));
+  EXPECT_EQ(order.figures().waits, 0u);
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 2, OffDevice::any()), nullptr);
+  EXPECT_FALSE(ranges.droppable(*slab->pieces[0], false));
+  accounting::now = 15;
+  EXPECT_EQ(ranges.take_cached(0, 2 * MiB, 4 * MiB, 2, OffDevice::any()), slab);
+  accounting::lag = 0;
 }
 
 TEST_F(Parts, StitcherJoinsFreePiecesBeforeMakingMemory) {
