@@ -1,8 +1,9 @@
 // Requests up to small_max bytes are carved from 2 MiB slabs, one size class
 // per slab, four classes per doubling (a block wastes at most a fifth of
 // itself). Free blocks are taken lowest address first, so slabs fill from one
-// end and those at the other empty; an empty slab whose frees have completed
-// becomes a cached whole range again. Used under VmmPool's lock.
+// end and those at the other empty; an empty slab becomes a cached whole
+// range again once its frees are reusable (on their stream at once, as the
+// driver's stream-ordered frees are). Used under VmmPool's lock.
 #pragma once
 
 #include <cstddef>
