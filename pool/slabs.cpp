@@ -68,11 +68,9 @@ bool Slabs::cache_empty(int device, StreamId stream, bool wait) {
     // On the stream of the frees, stream order puts new work after them all.
     Pending last;
     auto reusable = [&](Pending& p) {
-      if (order_.ready(p, stream)) {
-        if (StreamOrder::later(p, last)) last = p;
-        return true;
-      }
-      return order_.complete(p, wait);
+      if (!order_.reusable(p, stream, wait)) return false;
+      if (StreamOrder::later(p, last)) last = p;  // a free waited for is settled: not later
+      return true;
     };
     if (!std::all_of(first, end, [&](auto& b) { return reusable(b.second); })) continue;
     Pending kept;

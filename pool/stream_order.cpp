@@ -59,8 +59,8 @@ bool StreamOrder::ready(Pending& pending, StreamId stream) {
   return true;
 }
 
-bool StreamOrder::complete(Pending& pending, bool wait) {
-  if (ready(pending, 0)) return true;
+bool StreamOrder::reusable(Pending& pending, StreamId stream, bool wait) {
+  if (ready(pending, stream)) return true;
   if (!wait || quiet_ || pending.never) return false;
   ++figures_.waits;
   CUresult status;

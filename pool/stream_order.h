@@ -58,9 +58,11 @@ class StreamOrder {
   // Whether memory freed as `pending` may serve a request ordered on `stream`
   // (0: any); once the free is known complete, `pending` is settled.
   bool ready(Pending& pending, StreamId stream);
-  // Whether the free has completed; with `wait`, it is waited for (unless a
-  // capture runs or it never completes).
-  bool complete(Pending& pending, bool wait);
+  // Whether memory freed as `pending` may serve a request ordered on
+  // `stream` (0: whether the free has completed); with `wait`, the free is
+  // waited for where it may not (unless a capture runs or it never completes).
+  bool reusable(Pending& pending, StreamId stream, bool wait);
+  bool complete(Pending& pending, bool wait) { return reusable(pending, 0, wait); }
   // Of two frees ready on one stream, whether `a` was recorded after `b`.
   static bool later(const Pending& a, const Pending& b) {
     return a.fence && (!b.fence || a.fence->recorded > b.fence->recorded);
