@@ -7,6 +7,18 @@
 
 namespace gmem::pool {
 
+namespace {
+
+// Marks a per-thread default stream's identity (stream_identity).
+constexpr StreamId per_thread_bit = StreamId{1} << 63;
+
+// The stream of identity `stream` (not 0), as the driver names it on the thread it is of.
+CUstream stream_handle(StreamId stream) {
+  return stream & per_thread_bit ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(stream);
+}
+
+}  // namespace
+
 Allocation Pool::describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const {
   Allocation a;
   a.key = key;
@@ -80,7 +92,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   // Whether the GPU ran out of work while the pool made a range: the time
   // was then the step's, not hidden behind queued kernels. Never while a
   // stream capture runs: querying a stream would invalidate it.
-  auto busy = [&] { return driver_.cuStreamQuery(reinterpret_cast<CUstream>(stream)) == CUDA_ERROR_NOT_READY; };
+  auto busy = [&] { return driver_.cuStreamQuery(stream_handle(stream)) == CUDA_ERROR_NOT_READY; };
   const bool busy_before = trace_ && !quiet() && busy();
   const uint64_t moves_ended = evictor_ ? evictor_->moves_ended() : 0;
   CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
@@ -108,8 +120,21 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     a.peer_bytes = spilled.peer;
   }
   a.key = *dptr = block.base;
-  if (use.kind && uses_.served(block.base, use, vmm_->figures(a.device).asked, tiers_->spilled(a.device), now_ns(),
-                               vmm_->work(a.device))) {
+  const std::size_t asked = vmm_->figures(a.device).asked;
+  const bool spilling = tiers_->spilled(a.device);
+  // A step the trials time ends once the device has caught up to it: the
+  // program's thread runs ahead of the device by more or less from step to
+  // step (it waits for frees in some), so its clock alone times steps short
+  // or long (the GCN capped at 31G on an H100, timed so: 4.0-7.3 s where the
+  // job's steps took 5.2-5.8 s; docs/results.md, fiftieth session).
+  if (use.kind && !quiet() && uses_.ends_step(block.base, use, asked, spilling)) {
+    if (stream) {
+      driver_.cuStreamSynchronize(stream_handle(stream));
+    } else {
+      driver_.cuCtxSynchronize();
+    }
+  }
+  if (use.kind && uses_.served(block.base, use, asked, spilling, now_ns(), vmm_->work(a.device))) {
     uses_.peak(a.device, vmm_->device_room(a.device));
   }
   a.pooled = true;
@@ -203,7 +228,6 @@ namespace {
 // Tells streams apart for stream-ordered reuse. The legacy default stream is
 // one stream; each thread's per-thread default stream is its own.
 StreamId stream_identity(CUstream stream, DefaultStream default_stream) {
-  static constexpr StreamId per_thread_bit = StreamId{1} << 63;
   thread_local const char this_thread = 0;
   if (stream == CU_STREAM_PER_THREAD || (!stream && default_stream == DefaultStream::per_thread)) {
     return reinterpret_cast<StreamId>(&this_thread) | per_thread_bit;

@@ -21,6 +21,8 @@ class StepEnds {
     armed_ = false;
     return true;
   }
+  // Whether ended(used, peak) would be true now.
+  bool would_end(std::size_t used, std::size_t peak) const { return armed_ && used + peak / 64 >= peak; }
 
  private:
   bool armed_ = false;  // use fell below half the peak since the last end

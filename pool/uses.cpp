@@ -60,6 +60,14 @@ std::size_t Uses::Kind::off_device(uint32_t number) const {
   return i < off_whole ? size : i == off_whole ? off_part : 0;
 }
 
+bool Uses::ends_step(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling) const {
+  const AccessRecord* r = request.kind && place_ && spilling ? table_->find(base) : nullptr;
+  if (!r || r->base() != base) return false;
+  std::lock_guard lock(mutex_);
+  const auto it = devices_.find(request.device);
+  return it != devices_.end() && it->second.step_ends.would_end(asked, it->second.peak_asked);
+}
+
 bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling, int64_t now_ns,
                   const Work& work) {
   AccessRecord* r = request.kind ? table_->find(base) : nullptr;

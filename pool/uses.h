@@ -29,8 +29,13 @@
 // settle), and the plan is kept only if that is at least 5% shorter. A mean
 // of two steps in a row: a step timed from peak to peak is short or long as
 // the peak moves within it (the LM's steps with its plan alternated 3.9 and
-// 6.1 s, 5.0 s each: docs/results.md, thirty-second session). report:1
-// prints the figures by size, and the plan and its trial, at exit.
+// 6.1 s, 5.0 s each: docs/results.md, thirty-second session). A step ends
+// once the device has caught up to its end (Pool synchronizes the stream of
+// the request that ends it, ends_step): the program's thread runs ahead of
+// the device by more in some steps than in others, so its clock alone timed
+// the GCN capped at 31G on an H100 at 4.0-7.3 s a step where the job's steps
+// took 5.2-5.8 s (docs/results.md, fiftieth session). report:1 prints the
+// figures by size, and the plan and its trial, at exit.
 //
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
@@ -163,6 +168,9 @@ class Uses {
   // room the device has.
   bool served(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling, int64_t now_ns,
               const Work& work = {});
+  // Whether served() with these would end a step it times (pool/step_ends.h):
+  // the caller then lets the device catch up before it reads the clock.
+  bool ends_step(CUdeviceptr base, const Request& request, std::size_t asked, bool spilling) const;
   // At the peak: the device could still have given `room` bytes (driver and
   // pool free): the kinds alive now, and the bytes the device lacked.
   void peak(int device, std::size_t room);

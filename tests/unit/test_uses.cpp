@@ -125,6 +125,8 @@ class Job {
     auto serve_at = [&](CUdeviceptr at, std::size_t size, std::size_t used) {
       const Uses::Request r = uses_.request(0, size);
       off.push_back(r.off_device);
+      ends.push_back(uses_.ends_step(at, r, used, true));
+      EXPECT_FALSE(uses_.ends_step(at, r, used, false)) << "not spilling";
       if (uses_.served(at, r, used, true, now_, work_)) uses_.peak(0, room_);
     };
     serve_at(a, 128 * mib, 128 * mib);
@@ -147,6 +149,7 @@ class Job {
     return off;
   }
   Uses& uses() { return uses_; }
+  std::vector<bool> ends;  // each request's ends_step, before it was served
 
  private:
   static constexpr CUdeviceptr a = base, b = base + 128 * mib, t = base + 320 * mib;
@@ -586,6 +589,25 @@ TEST(Uses, EachTimedStepIsToldWithWhereTheTrialsStand) {
                                             "step 0 120.0 trial=kept bring_in=off evict=untried pinned_ms=2.0",
                                             "step 0 110.0 trial=kept bring_in=off evict=trying pinned_ms=2.0",
                                             "step 0 100.0 trial=kept bring_in=off evict=trying pinned_ms=2.0"}));
+}
+
+// The caller learns before serving a request whether it ends a step the
+// trials time (Pool lets the device catch up before it reads the clock).
+TEST(Uses, ARequestThatEndsATimedStepIsKnownBeforeItIsServed) {
+  for (const bool place : {true, false}) {
+    Job job(place, 64 * mib);
+    std::vector<std::string> told;
+    job.uses().tell_steps([&](const std::string& line) { told.push_back(line); });
+    for (int i = 0; i < 4; ++i) {
+      job.ends.clear();
+      const std::size_t before = told.size();
+      job.step();
+      // From the second step on, B's request brings the use back to its peak;
+      // the first such end starts the clock, each later one times a step.
+      EXPECT_EQ(job.ends, (std::vector<bool>{false, place && i > 0, false})) << "step " << i;
+      EXPECT_EQ(told.size() - before, place && i > 1 ? 1u : 0u) << "step " << i;
+    }
+  }
 }
 
 }  // namespace
