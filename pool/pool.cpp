@@ -154,7 +154,8 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
                                    waits,
                                    events.wait_ns - events_before.wait_ns,
                                    made_range};
-    trace_->allocated(block.base, a.size, stream, use.off_device, made_range || waits ? &made : nullptr);
+    const bool said = made_range || waits || a.host_bytes;
+    trace_->allocated(block.base, a.size, stream, use.off_device, said ? &made : nullptr);
   }
   return CUDA_SUCCESS;
 }

@@ -83,6 +83,9 @@ void TraceRecorder::allocated(CUdeviceptr base, std::size_t size, StreamId strea
     const std::string missed = made->missed.text();
     std::fprintf(out_, "%s%s\n", missed.empty() ? "" : "; ", missed.c_str());
   }
+  if (made && !made->range && made->host) {
+    std::fprintf(out_, "# took: a cached range, %zu bytes on the host\n", made->host);
+  }
   if (made && made->waits) {
     std::fprintf(out_, "# waited: %llu frees in %.1f ms%s\n", static_cast<unsigned long long>(made->waits),
                  double(made->wait_ns) / 1e6, drained);

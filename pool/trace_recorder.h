@@ -43,14 +43,16 @@ class TraceRecorder {
   // Where the request waited for frees to complete before memory went back
   // (StreamOrder::Figures, any thread's during it), another follows:
   // `# waited: N frees in MS ms`, with the same note where the stream ran out
-  // of work meanwhile.
+  // of work meanwhile. Where a cached range that lies partly on the host
+  // served it, `# took: a cached range, BYTES bytes on the host` (which of a
+  // step's requests the device lacked room for, made or not).
   struct Made {
     uint64_t maps = 0, map_ns = 0;
     std::size_t host = 0;
     bool drained = false;  // the allocation's stream had work before and none after
     Recall::Missed missed;
     uint64_t waits = 0, wait_ns = 0;
-    bool range = true;  // a range was made (else it only waited)
+    bool range = true;  // a range was made (else a cached one served: it waited, or lies partly on the host)
   };
   // An allocation of large_range or more (one use lines may name) is
   // followed by a comment line with its address, `# at ID 0xADDRESS` (after

@@ -10,8 +10,10 @@ Per step: the ranges made, their mappings, the time the mapping took and, of
 it, the time of ranges during whose making the allocation's stream ran out of
 work (an upper bound on the GPU's idle time: the stream may have run dry only
 at the end), and the bytes on the host of the allocations served by new
-ranges; then the frees the pool waited for before giving memory back (`# waited`
-lines: its requests blocked, the GPU running the work queued before them) and
+ranges, and of those served by cached ranges (`# took` lines, from the
+fifty-first session's traces on); then the frees the pool waited for before
+giving memory back (`# waited` lines: its requests blocked, the GPU running
+the work queued before them) and
 their time, and of it the time of waits during which the stream ran out of
 work. With --top N, each step's N costliest ranges: the request's size and
 what the pool said of its last range.
@@ -30,6 +32,7 @@ import gmem_trace  # noqa: E402
 
 MADE = re.compile(r"^# made: (\d+) mappings in ([\d.]+) ms, (\d+) bytes on the host(.*)$")
 PLACE = re.compile(r"^# place \d+ step \d+ ([\d.]+) trial=(\S+) bring_in=(\S+)")
+TOOK = re.compile(r"^# took: a cached range, (\d+) bytes on the host$")
 WAITED = re.compile(r"^# waited: (\d+) frees in ([\d.]+) ms(.*)$")
 OUT_OF_WORK = "; its stream ran out of work meanwhile"
 
@@ -44,6 +47,7 @@ class Step:
     def __init__(self):
         self.ms, self.trial, self.bring_in = None, "-", "-"
         self.made = []  # Made, in the trace's order
+        self.took_host = 0  # bytes on the host of the cached ranges that served requests
         self.waits, self.wait_ms, self.wait_out_of_work_ms = 0, 0.0, 0.0
 
     @property
@@ -83,6 +87,8 @@ def steps_of(lines):
             if out_of_work:
                 rest = rest[len(OUT_OF_WORK):]
             step.made.append(Made(float(m[2]), request, int(m[1]), int(m[3]), rest.lstrip("; "), out_of_work))
+        elif m := TOOK.match(line):
+            step.took_host += int(m[1])
         elif m := WAITED.match(line):
             step.waits += int(m[1])
             step.wait_ms += float(m[2])
@@ -102,12 +108,13 @@ def size(n):
 
 def report(steps, top):
     out = ["step  step_ms  trial    bring_in  ranges  mappings  map_ms  out_of_work_ms  host_GB"
-           "  waits  wait_ms  wait_out_of_work_ms"]
+           "  took_host_GB  waits  wait_ms  wait_out_of_work_ms"]
     for i, s in enumerate(steps, 1):
         name = str(i) if s.ms is not None else "after"
         ms = f"{s.ms:.1f}" if s.ms is not None else "-"
         out.append(f"{name:<5} {ms:>8}  {s.trial:<8} {s.bring_in:<9} {s.ranges:>6}  {s.mappings:>8}  "
-                   f"{s.map_ms:>6.0f}  {s.out_of_work_ms:>14.0f}  {s.host / 1e9:>7.1f}  {s.waits:>5}  "
+                   f"{s.map_ms:>6.0f}  {s.out_of_work_ms:>14.0f}  {s.host / 1e9:>7.1f}  "
+                   f"{s.took_host / 1e9:>12.1f}  {s.waits:>5}  "
                    f"{s.wait_ms:>7.0f}  {s.wait_out_of_work_ms:>19.0f}")
         for m in sorted(s.made, key=lambda m: -m.ms)[:top]:
             out.append(f"      {m.ms:8.1f} ms: {size(m.request)} asked, {m.mappings} mappings, "

@@ -23,11 +23,15 @@ LINES = [gmem_trace.HEADER,
          "# made: 5 mappings in 100.0 ms, 250000000 bytes on the host; its stream ran out of work meanwhile;"
          " the request's last range had 2097152 bytes (0 off the device) in use through 2 other ranges",
          "# waited: 1 frees in 40.5 ms",
+         "a 3 800000000 0 0",
+         "# took: a cached range, 300000000 bytes on the host",
+         "a 4 700000000 0 0",
+         "# took: a cached range, 100000000 bytes on the host",
          "a 2 1000000 0 0",
          "# waited: 2 frees in 300.0 ms; its stream ran out of work meanwhile",
          "f 0", "f 1", "f 2",
          "# place 5000 step 0 4000.0 trial=ordered bring_in=untried evict=off pinned_ms=0.0",
-         "a 0 2000000000 0 0", "a 1 1000000000 0 0", "f 0", "f 1",
+         "f 3", "f 4", "a 0 2000000000 0 0", "a 1 1000000000 0 0", "f 0", "f 1",
          "# place 9000 step 0 3900.5 trial=planned bring_in=untried evict=off pinned_ms=0.0",
          "a 0 4194304 0 0",
          "# made: 1 mappings in 0.2 ms, 0 bytes on the host"]
@@ -38,6 +42,7 @@ class Steps(unittest.TestCase):
         first, second, after = made_steps.steps_of(LINES)
         self.assertEqual((first.ms, first.trial, first.bring_in), (4000.0, "ordered", "untried"))
         self.assertEqual((first.ranges, first.mappings, first.host), (2, 8, 750000000))
+        self.assertEqual((first.took_host, second.took_host), (400000000, 0))
         self.assertAlmostEqual(first.map_ms, 112.5)
         self.assertAlmostEqual(first.out_of_work_ms, 100.0)
         self.assertEqual(first.waits, 3)

@@ -55,6 +55,11 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
     // No range made, but two frees waited for meanwhile, as the stream ran dry.
     const TraceRecorder::Made waited{0, 0, 0, true, {}, 2, 1'500'000'000, false};
     trace->allocated(0x6000, 400 << 20, 0, 0, &waited);
+    // A cached range served it, 32 MiB of it on the host; and one on the device alone.
+    const TraceRecorder::Made took{0, 0, std::size_t{32} << 20, false, {}, 0, 0, false};
+    trace->allocated(0x7000, 100 << 20, 0, 0, &took);
+    const TraceRecorder::Made device_only{0, 0, 0, false, {}, 0, 0, false};
+    trace->allocated(0x8000, 90 << 20, 0, 0, &device_only);
     trace->device_full(std::size_t{78} << 30);
     trace->device_full(std::size_t{77} << 30);  // said once
   }
@@ -67,6 +72,10 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
                       "ranges\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find(" 104857600 0 0\n# took: a cached range, 33554432 bytes on the host\n# at "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" 94371840 0 0\n# at "), std::string::npos) << text;
+  EXPECT_EQ(text.find("# took: a cached range, 0 bytes"), std::string::npos) << text;
   EXPECT_NE(text.find(" 419430400 0 0\n# waited: 2 frees in 1500.0 ms; its stream ran out of work meanwhile\n"),
             std::string::npos)
       << text;
@@ -84,7 +93,7 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   auto t = gmem::trace::load(temp_path(), &error);
   std::remove(temp_path().c_str());
   ASSERT_TRUE(t) << error;
-  ASSERT_EQ(t->events.size(), 8u);
+  ASSERT_EQ(t->events.size(), 10u);
   EXPECT_EQ(t->events[1].bytes, std::size_t{200} << 20);
   EXPECT_EQ(t->events[1].stream, 1u);
   EXPECT_EQ(t->events[1].off_device, std::size_t{64} << 20);
@@ -94,9 +103,9 @@ TEST(TraceRecorder, WritesATraceTheReplaysRead) {
   EXPECT_EQ(t->events[3].stream, 0u);
   EXPECT_EQ(t->events[4].id, 2u);
   EXPECT_EQ(t->events[4].stream, 2u);
-  EXPECT_EQ(t->ids, 4u);
+  EXPECT_EQ(t->ids, 6u);
   EXPECT_EQ(t->events[6].bytes, std::size_t{300} << 20);
-  EXPECT_EQ(t->peak_requested, (std::size_t{700} << 20) + 110);
+  EXPECT_EQ(t->peak_requested, (std::size_t{890} << 20) + 110);
   EXPECT_EQ(t->device_full, std::size_t{78} << 30);
   EXPECT_EQ(t->counting_from, 3u);  // from the allocation after the line
   EXPECT_EQ(text.find("# counting launches"), text.rfind("# counting launches")) << text;
