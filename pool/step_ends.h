@@ -17,7 +17,7 @@ class StepEnds {
   // The use is now `used`, its peak `peak`: true where a step ends.
   bool ended(std::size_t used, std::size_t peak) {
     if (used < peak / 2) armed_ = true;
-    if (!armed_ || used + peak / 64 < peak) return false;
+    if (!would_end(used, peak)) return false;
     armed_ = false;
     return true;
   }
