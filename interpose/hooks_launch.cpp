@@ -14,6 +14,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "interpose/driver_table.h"
@@ -22,6 +23,8 @@
 #include "interpose/runtime.h"
 #include "interpose/tensor_maps.h"
 #include "pool/access.h"
+#include "pool/launch_timing.h"
+#include "pool/trace_recorder.h"
 
 extern "C" {
 // Declared by cuda.h only for the driver's own build.
@@ -178,7 +181,7 @@ void visit_words(CUfunction f, void** params, void** extra, Visit&& visit) {
 // What a launch the driver took references: counted now, or, on a capturing
 // stream, kept for the capture's graph.
 void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f, void** params, void** extra,
-           CUstream stream, bool per_thread) {
+           CUstream stream, bool per_thread, gmem::pool::LaunchTiming* timing) {
   if (pool.capture_running()) {
     if (const uint64_t capture = gmem::graph_access::capture_of(stream, per_thread)) {
       std::vector<CUdeviceptr> bases;
@@ -192,7 +195,29 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
   if (!table.counting()) return;
   gmem::pool::LaunchReferences refs(table, f, pool.trace());
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
-  refs.finish(pool.publisher());
+  refs.finish(pool.publisher(), timing);
+}
+
+// Where the trace times launches: the bytes in host memory of the large
+// ranges a launch references (0: it is not timed, nor is a launch captured
+// into a graph).
+std::size_t timed_host_bytes(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra, CUstream stream,
+                             bool per_thread) {
+  const gmem::pool::AccessTable* table = pool.access();
+  if (!pool.trace() || !pool.trace()->times_launches() || !table->counting() ||
+      (pool.capture_running() && gmem::graph_access::capture_of(stream, per_thread))) {
+    return 0;
+  }
+  std::vector<const gmem::pool::AccessRecord*> seen;
+  std::size_t host = 0;
+  visit_words(f, params, extra, [&](uint64_t word) {
+    const gmem::pool::AccessRecord* r = table->find(word);
+    if (r && r->size() >= gmem::pool::large_range && std::find(seen.begin(), seen.end(), r) == seen.end()) {
+      seen.push_back(r);
+      host += r->host_bytes();
+    }
+  });
+  return host;
 }
 
 // The first moving or parked range (pool/evictor.h) a launch references;
@@ -267,13 +292,19 @@ CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
 
 template <typename Call>
 CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
-  if (gmem::pool::Pool* pool = gmem::active_pool(); pool && pool->brings_in() && pool->access()->counting()) {
-    bring_in(*pool, *pool->access(), f, params, extra);
+  gmem::pool::Pool* pool = gmem::active_pool();
+  if (pool && pool->brings_in() && pool->access()->counting()) bring_in(*pool, *pool->access(), f, params, extra);
+  std::optional<gmem::pool::LaunchTiming> timing;
+  if (const std::size_t host = pool && pool->access() ? timed_host_bytes(*pool, f, params, extra, stream, per_thread) : 0) {
+    timing.emplace(pool->driver(), host);
   }
+  // The events go on the stream the launch went to (the thread's own default one, for a _ptsz call's 0).
+  const CUstream on = per_thread && !stream ? CU_STREAM_PER_THREAD : stream;
   return submit(
-      true, [&](const gmem::pool::AccessTable& table) { return moving_reference(table, f, params, extra); }, call,
+      true, [&](const gmem::pool::AccessTable& table) { return moving_reference(table, f, params, extra); },
+      [&] { return timing ? timing->around(on, call) : call(); },
       [&](gmem::pool::Pool& pool, gmem::pool::AccessTable& table) {
-        count(pool, table, f, params, extra, stream, per_thread);
+        count(pool, table, f, params, extra, stream, per_thread, timing ? &*timing : nullptr);
       });
 }
 

@@ -150,7 +150,7 @@ void start_host_lease(Runtime& rt) {
 // The VMM pool's requests go to an allocation trace; a file that cannot be
 // written is said, and the job runs without it. Launched kernels are named
 // there by the driver: a function's name, or a library kernel's (cuLaunchKernel
-// takes either).
+// takes either); those over host memory are timed on the GPU.
 void start_trace(Runtime& rt) {
   std::string error;
   std::unique_ptr<pool::TraceRecorder> trace = pool::TraceRecorder::open(rt.config.trace.path, &error);
@@ -166,6 +166,7 @@ void start_trace(Runtime& rt) {
     }
     return std::string();
   });
+  trace->time_launches(rt.pool->driver());
   rt.pool->record_trace(std::move(trace));
 }
 

@@ -179,8 +179,8 @@ LaunchReferences::LaunchReferences(AccessTable& table, AccessTable::ThreadCounts
   mark_ = counts_.mark;
 }
 
-void LaunchReferences::finish(Publisher* publisher) {
-  if (trace_ && !large_.empty()) trace_->used(function_, large_);
+void LaunchReferences::finish(Publisher* publisher, LaunchTiming* timing) {
+  if (trace_ && !large_.empty()) trace_->used(function_, large_, timing ? timing->take() : LaunchTiming::Events{});
   if (!publisher) return;
   for (uint32_t left = devices_; left; left &= left - 1) {
     const int d = __builtin_ctz(left);

@@ -22,6 +22,7 @@
 namespace gmem::pool {
 
 class AccessTable;
+class LaunchTiming;
 class TraceRecorder;
 
 // A large range one launch referenced, as the trace writes it (TraceRecorder::used):
@@ -262,8 +263,9 @@ class LaunchReferences {
   }
   // Counts the launch on the devices it referenced (GMEM_STAT_access_launches,
   // host_access_bytes, peer_access_bytes; `publisher` may be null), and
-  // writes it to the trace.
-  void finish(Publisher* publisher);
+  // writes it to the trace, with its `timing` where it was timed (the trace
+  // takes its events).
+  void finish(Publisher* publisher, LaunchTiming* timing = nullptr);
 
   uint64_t ranges() const { return ranges_; }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 
 #include "pool/access.h"
 #include "pool/clock.h"
+#include "pool/launch_timing.h"
 #include "pool/recall.h"
 #include "pool/stream_order.h"
 
@@ -71,7 +73,21 @@ class TraceRecorder {
   // a replay can count passes as the launching threads did (pool-policy);
   // with name_kernels, a function's first use follows a comment line
   // `# kNUMBER NAME`.
-  void used(const void* function, const std::vector<RangeReference>& references);
+  //
+  // Where the trace times launches (time_launches), `timed` holds the events
+  // of a launch timed on the GPU (pool/launch_timing.h: interpose/ times
+  // each kernel launch, not a graph's, whose large references lie partly in
+  // host memory), now the
+  // trace's. Its use line is followed, once a later use line finds the
+  // device past its end, by `# ran: use N in US us, BYTES bytes on the host`:
+  // N counts the trace's use lines from 0, BYTES is what its large
+  // references held in host memory when it was submitted
+  // (tests/traces/launch_times.py sums them by kernel). Launches the device
+  // has not run when the trace closes are not written.
+  void used(const void* function, const std::vector<RangeReference>& references, LaunchTiming::Events timed = {});
+  // Launches are timed from now, through `driver` (it outlives the trace).
+  void time_launches(const vmm::Driver& driver) { driver_ = &driver; }
+  const vmm::Driver* times_launches() const { return driver_; }
   // How a launched function's name is had (null or an empty answer: none
   // written). Set once, before any launch is counted.
   void name_kernels(std::function<std::string(const void*)> name) { name_ = std::move(name); }
@@ -101,6 +117,10 @@ class TraceRecorder {
   // `# WHO TIME_US ID|- WHAT`, timed as uses are.
   void moved(const char* who, CUdeviceptr base, const std::string& what);
   uint32_t stream_number(StreamId stream);  // under mutex_
+  // Writes the `# ran` lines of the timed launches the device has run, in
+  // the order launched; under mutex_.
+  void write_ran();
+  void drop(const LaunchTiming::Events& events);
 
   std::mutex mutex_;
   FILE* const out_;
@@ -117,6 +137,13 @@ class TraceRecorder {
   std::unordered_map<std::thread::id, uint32_t> threads_;  // that launched, numbered
   std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
   std::function<std::string(const void*)> name_;
+  const vmm::Driver* driver_ = nullptr;  // with time_launches
+  struct Timed {
+    uint64_t use;  // the use line's number
+    LaunchTiming::Events events;
+  };
+  std::deque<Timed> timed_;  // launched, not yet written
+  uint64_t uses_ = 0;        // use lines written
   bool device_full_ = false;  // said
   bool counting_ = false;     // said
 };

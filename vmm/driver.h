@@ -41,6 +41,8 @@ namespace gmem::vmm {
   X(cuEventCreate, cuEventCreate)                               \
   X(cuEventRecord, cuEventRecord)                               \
   X(cuEventQuery, cuEventQuery)                                 \
+  X(cuEventElapsedTime_v2, cuEventElapsedTime_v2)               \
+  X(cuEventDestroy_v2, cuEventDestroy_v2)                       \
   X(cuStreamQuery, cuStreamQuery)                               \
   X(cuEventSynchronize, cuEventSynchronize)                     \
   X(cuStreamIsCapturing, cuStreamIsCapturing)                   \

@@ -334,6 +334,61 @@ TEST_F(Traced, EachLaunchOfLargeAllocationsIsWrittenAsAUse) {
   for (CUdeviceptr p : {large, larger, small}) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
+// A launch whose large allocations lie partly in host memory is timed on the
+// GPU: once a later use line finds it run, `# ran: use N in US us, BYTES
+// bytes on the host` follows, N its use line's number. Launches of large
+// allocations all on the device are not timed.
+TEST_F(Traced, LaunchesOverHostMemoryAreTimed) {
+  CUdeviceptr device = 0, spilled = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&device, 192 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&spilled, 128 * mib), CUDA_SUCCESS);  // beyond the 256 MiB budget
+  const uint64_t host = OwnStats().placement(spilled).host_bytes;
+  ASSERT_GT(host, 0u);
+  ASSERT_EQ(OwnStats().placement(device).host_bytes, 0u);
+  ASSERT_EQ(launch_two(device, spilled + 8, device), CUDA_SUCCESS);  // timed
+  ASSERT_EQ(launch_two(device, device, device), CUDA_SUCCESS);       // not: all on the device
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(spilled, spilled, spilled), CUDA_SUCCESS);  // timed
+
+  std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
+  std::map<std::size_t, std::string> id_of;  // by size
+  std::vector<std::string> uses;
+  std::map<std::size_t, std::string> ran;  // by use line
+  for (std::string line; std::getline(trace, line);) {
+    std::istringstream fields(line);
+    std::string op, id;
+    fields >> op >> id;
+    if (op == "a") {
+      std::size_t size = 0;
+      fields >> size;
+      id_of[size] = id;
+    } else if (op == "u") {
+      std::string thread, ids;
+      fields >> thread >> ids >> ids;  // past the thread and the kernel (this test's module is loaded anew)
+      std::string rest;
+      std::getline(fields, rest);
+      uses.push_back(ids + rest);
+    } else if (line.rfind("# ran: use ", 0) == 0) {
+      std::size_t use = 0;
+      long us = -1;
+      std::size_t bytes = 0;
+      ASSERT_EQ(std::sscanf(line.c_str(), "# ran: use %zu in %ld us, %zu bytes on the host", &use, &us, &bytes), 3)
+          << line;
+      EXPECT_GE(us, 0) << line;
+      EXPECT_TRUE(ran.emplace(use, std::to_string(bytes)).second) << "written once: " << line;
+    }
+  }
+  const std::string d = id_of[192 * mib], s = id_of[128 * mib];
+  ASSERT_GE(uses.size(), 3u);
+  const std::size_t first = uses.size() - 3;  // the trace is the process's: earlier tests' uses come first
+  EXPECT_EQ(std::vector<std::string>(uses.begin() + long(first), uses.end()),
+            (std::vector<std::string>{d + " " + s + "+8", d, s}));
+  EXPECT_EQ(ran[first], std::to_string(host)) << "timed, with its bytes on the host";
+  EXPECT_EQ(ran.count(first + 1), 0u) << "all on the device: not timed";
+  EXPECT_EQ(ran[first + 2], std::to_string(host));
+  for (CUdeviceptr p : {device, spilled}) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
 // Launches are counted once the pool holds track_from (75%) of the device's
 // memory; before, they are not looked at.
 TEST_F(Lazy, LaunchesCountOnceThePoolHoldsMostOfTheDevice) {
