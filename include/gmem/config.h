@@ -179,8 +179,9 @@
   X(trace, file, "",                                                                 \
     "pool:vmm writes every request it serves to this file (%p: the process id) as an " \
     "allocation trace (tests/traces/README.md; each allocation with the bytes placed " \
-    "off the device by use, and the large allocations each counted launch "         \
-    "referenced), to be replayed without a GPU by pool-policy; empty: none")           \
+    "off the device by use, the large allocations each counted launch referenced, "  \
+    "and the GPU time of each kernel launch over host memory), to be replayed "       \
+    "without a GPU by pool-policy; empty: none")                                       \
   X(log_level, level, "warn",                                                        \
     "messages on stderr at or above this level: trace, debug, info, warn, error, "   \
     "critical, off")
