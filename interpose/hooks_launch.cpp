@@ -199,15 +199,13 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
 }
 
 // Where the trace times launches: the bytes in host memory of the large
-// ranges a launch references (0: it is not timed, nor is a launch captured
-// into a graph).
-std::size_t timed_host_bytes(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra, CUstream stream,
-                             bool per_thread) {
+// ranges a launch references (0: it is not timed, nor is any while a stream
+// captures: the events of a timing, made and recorded, would join a capture
+// on the launch's stream, and beside one in the global mode the pool queries
+// no event).
+std::size_t timed_host_bytes(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra) {
   const gmem::pool::AccessTable* table = pool.access();
-  if (!pool.trace() || !pool.trace()->times_launches() || !table->counting() ||
-      (pool.capture_running() && gmem::graph_access::capture_of(stream, per_thread))) {
-    return 0;
-  }
+  if (!pool.trace() || !pool.trace()->times_launches() || !table->counting() || pool.capture_running()) return 0;
   std::vector<const gmem::pool::AccessRecord*> seen;
   std::size_t host = 0;
   visit_words(f, params, extra, [&](uint64_t word) {
@@ -295,7 +293,7 @@ CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool
   gmem::pool::Pool* pool = gmem::active_pool();
   if (pool && pool->brings_in() && pool->access()->counting()) bring_in(*pool, *pool->access(), f, params, extra);
   std::optional<gmem::pool::LaunchTiming> timing;
-  if (const std::size_t host = pool && pool->access() ? timed_host_bytes(*pool, f, params, extra, stream, per_thread) : 0) {
+  if (const std::size_t host = pool && pool->access() ? timed_host_bytes(*pool, f, params, extra) : 0) {
     timing.emplace(pool->driver(), host);
   }
   // The events go on the stream the launch went to (the thread's own default one, for a _ptsz call's 0).

@@ -152,6 +152,7 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
 }
 
 void TraceRecorder::write_ran() {
+  if (timed_.empty() || quiet_()) return;
   while (!timed_.empty()) {
     const Timed& t = timed_.front();
     const CUresult status = driver_->cuEventQuery(t.events.end);

@@ -85,8 +85,12 @@ class TraceRecorder {
   // (tests/traces/launch_times.py sums them by kernel). Launches the device
   // has not run when the trace closes are not written.
   void used(const void* function, const std::vector<RangeReference>& references, LaunchTiming::Events timed = {});
-  // Launches are timed from now, through `driver` (it outlives the trace).
-  void time_launches(const vmm::Driver& driver) { driver_ = &driver; }
+  // Launches are timed from now, through `driver` (it outlives the trace);
+  // their events are not queried while `quiet` says so (a stream captures).
+  void time_launches(const vmm::Driver& driver, std::function<bool()> quiet) {
+    driver_ = &driver;
+    quiet_ = std::move(quiet);
+  }
   const vmm::Driver* times_launches() const { return driver_; }
   // How a launched function's name is had (null or an empty answer: none
   // written). Set once, before any launch is counted.
@@ -138,6 +142,7 @@ class TraceRecorder {
   std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
   std::function<std::string(const void*)> name_;
   const vmm::Driver* driver_ = nullptr;  // with time_launches
+  std::function<bool()> quiet_;
   struct Timed {
     uint64_t use;  // the use line's number
     LaunchTiming::Events events;

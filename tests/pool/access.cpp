@@ -349,6 +349,16 @@ TEST_F(Traced, LaunchesOverHostMemoryAreTimed) {
   ASSERT_EQ(launch_two(device, device, device), CUDA_SUCCESS);       // not: all on the device
   ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
   ASSERT_EQ(launch_two(spilled, spilled, spilled), CUDA_SUCCESS);  // timed
+  // While a stream captures (the global mode), none is, on any stream, and the capture holds.
+  CUstream captured = nullptr;
+  ASSERT_EQ(cuStreamCreate(&captured, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(spilled, device, spilled), CUDA_SUCCESS);  // the legacy stream, beside the capture
+  CUgraph graph = nullptr;
+  EXPECT_EQ(cuStreamEndCapture(captured, &graph), CUDA_SUCCESS);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(captured), CUDA_SUCCESS);
 
   std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
   std::map<std::size_t, std::string> id_of;  // by size
@@ -379,13 +389,14 @@ TEST_F(Traced, LaunchesOverHostMemoryAreTimed) {
     }
   }
   const std::string d = id_of[192 * mib], s = id_of[128 * mib];
-  ASSERT_GE(uses.size(), 3u);
-  const std::size_t first = uses.size() - 3;  // the trace is the process's: earlier tests' uses come first
+  ASSERT_GE(uses.size(), 4u);
+  const std::size_t first = uses.size() - 4;  // the trace is the process's: earlier tests' uses come first
   EXPECT_EQ(std::vector<std::string>(uses.begin() + long(first), uses.end()),
-            (std::vector<std::string>{d + " " + s + "+8", d, s}));
+            (std::vector<std::string>{d + " " + s + "+8", d, s, s + " " + d}));
   EXPECT_EQ(ran[first], std::to_string(host)) << "timed, with its bytes on the host";
   EXPECT_EQ(ran.count(first + 1), 0u) << "all on the device: not timed";
   EXPECT_EQ(ran[first + 2], std::to_string(host));
+  EXPECT_EQ(ran.count(first + 3), 0u) << "launched while a stream captured: not timed";
   for (CUdeviceptr p : {device, spilled}) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
