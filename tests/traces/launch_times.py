@@ -7,8 +7,11 @@ A kernel that walks a range in host memory runs near the link's speed (51
 GB/s a direction on the H100); one that reads it out of order, far slower.
 
 Steps end at each `# place` line (the pool's step timing), as in
-made_steps.py. Prints, per step, the launches timed, their GPU time, the
-bytes in host memory they referenced and the rate that makes; then, for one
+made_steps.py. Prints, per step, the launches timed, their GPU time, and the
+bytes their allocations held in host memory, summed over the launches
+(`ref_host_GB`: a kernel PyTorch splits into 16 launches over one tensor
+counts its bytes 16 times, so `ref_GB/s` compares kernels launched alike,
+not a rate over the link); then, for one
 step (--step, the last whole one by default), the same by kernel and the
 allocations it referenced (the trace's ids, offsets left out), the slowest
 first, --top of them.
@@ -88,15 +91,15 @@ def total(step):
 
 
 def report(steps, names, shown, top):
-    out = ["step  launches  gpu_ms  host_GB  GB/s"]
+    out = ["step  launches  gpu_ms  ref_host_GB  ref_GB/s"]
     for i, step in enumerate(steps, 1):
         t = total(step)
-        out.append(f"{i:<5} {t.launches:>8}  {t.us / 1e3:>6.0f}  {t.host / 1e9:>7.1f}  {t.gbps:>4.1f}")
+        out.append(f"{i:<5} {t.launches:>8}  {t.us / 1e3:>6.0f}  {t.host / 1e9:>11.1f}  {t.gbps:>8.1f}")
     out += ["", f"step {shown}, by kernel and the allocations it referenced:",
-            "launches  gpu_ms  host_GB  GB/s  kernel  ids"]
+            "launches  gpu_ms  ref_host_GB  ref_GB/s  kernel  ids"]
     for (kernel, ids), t in sorted(steps[shown - 1].items(), key=lambda kv: -kv[1].us)[:top]:
         name = names.get(kernel, "")
-        out.append(f"{t.launches:>8}  {t.us / 1e3:>6.0f}  {t.host / 1e9:>7.1f}  {t.gbps:>4.1f}  {kernel} {ids}"
+        out.append(f"{t.launches:>8}  {t.us / 1e3:>6.0f}  {t.host / 1e9:>11.1f}  {t.gbps:>8.1f}  {kernel} {ids}"
                    + (f"  ({name[:90]})" if name else ""))
     return "\n".join(out)
 
