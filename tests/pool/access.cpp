@@ -251,6 +251,37 @@ TEST_F(Untracked, LaunchesAreNotLookedAt) {
   EXPECT_EQ(figures().host, 0u);
 }
 
+// The process's trace as the Traced tests read it: the allocations' ids by
+// size (the last of each size), each use line's time and the rest of it
+// (" tTHREAD [kFUNCTION] ID[+OFFSET]..."), and its `# ran` lines.
+struct TraceLines {
+  std::map<std::size_t, std::string> id_of;
+  std::vector<std::pair<long, std::string>> uses;
+  std::vector<std::string> ran;
+};
+
+TraceLines read_trace() {
+  TraceLines t;
+  std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
+  for (std::string line; std::getline(trace, line);) {
+    std::istringstream fields(line);
+    std::string op, id;
+    fields >> op >> id;
+    if (op == "a") {
+      std::size_t size = 0;
+      fields >> size;
+      t.id_of[size] = id;
+    } else if (op == "u") {
+      std::string rest;
+      std::getline(fields, rest);
+      t.uses.emplace_back(std::stol(id), rest);
+    } else if (line.rfind("# ran: ", 0) == 0) {
+      t.ran.push_back(line);
+    }
+  }
+  return t;
+}
+
 // Writing a trace, the pool asks whether an allocation's stream still has
 // work; never while a capture runs: in the global mode the driver then loses
 // the capture, whatever stream was asked about.
@@ -301,28 +332,15 @@ TEST_F(Traced, EachLaunchOfLargeAllocationsIsWrittenAsAUse) {
   ASSERT_EQ(cuGraphLaunch(exec, stream), CUDA_SUCCESS);
   ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
 
-  std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
-  std::map<std::size_t, std::string> id_of;  // by size
+  const TraceLines trace = read_trace();
   std::vector<std::string> uses;
   long last_time = -1;
-  for (std::string line; std::getline(trace, line);) {
-    std::istringstream fields(line);
-    std::string op, id;
-    fields >> op >> id;
-    if (op == "a") {
-      std::size_t size = 0;
-      fields >> size;
-      id_of[size] = id;
-    } else if (op == "u") {
-      const long time = std::stol(id);
-      EXPECT_GE(time, last_time) << "uses are written in order, timed from the trace's start";
-      last_time = time;
-      std::string rest;
-      std::getline(fields, rest);
-      uses.push_back(rest);
-    }
+  for (const auto& [time, rest] : trace.uses) {
+    EXPECT_GE(time, last_time) << "uses are written in order, timed from the trace's start";
+    last_time = time;
+    uses.push_back(rest);
   }
-  const std::string l = id_of[64 * mib], ll = id_of[96 * mib];
+  const std::string l = trace.id_of.at(64 * mib), ll = trace.id_of.at(96 * mib);
   ASSERT_FALSE(l.empty());
   ASSERT_FALSE(ll.empty());
   // One thread (t0) launched one kernel (k0), then a graph (no function).
@@ -360,35 +378,18 @@ TEST_F(Traced, LaunchesOverHostMemoryAreTimed) {
   EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(cuStreamDestroy_v2(captured), CUDA_SUCCESS);
 
-  std::ifstream trace(gmem_test::stats_dir + "/pool.trace");
-  std::map<std::size_t, std::string> id_of;  // by size
-  std::vector<std::string> uses;
-  std::map<std::size_t, std::string> ran;  // by use line
-  for (std::string line; std::getline(trace, line);) {
-    std::istringstream fields(line);
-    std::string op, id;
-    fields >> op >> id;
-    if (op == "a") {
-      std::size_t size = 0;
-      fields >> size;
-      id_of[size] = id;
-    } else if (op == "u") {
-      std::string thread, ids;
-      fields >> thread >> ids >> ids;  // past the thread and the kernel (this test's module is loaded anew)
-      std::string rest;
-      std::getline(fields, rest);
-      uses.push_back(ids + rest);
-    } else if (line.rfind("# ran: use ", 0) == 0) {
-      std::size_t use = 0;
-      long us = -1;
-      std::size_t bytes = 0;
-      ASSERT_EQ(std::sscanf(line.c_str(), "# ran: use %zu in %ld us, %zu bytes on the host", &use, &us, &bytes), 3)
-          << line;
-      EXPECT_GE(us, 0) << line;
-      EXPECT_TRUE(ran.emplace(use, std::to_string(bytes)).second) << "written once: " << line;
-    }
+  const TraceLines trace = read_trace();
+  std::vector<std::string> uses;  // the ids, past the thread and the kernel (this test's module is loaded anew)
+  for (const auto& [time, rest] : trace.uses) uses.push_back(rest.substr(rest.find(' ', rest.find(" k") + 1) + 1));
+  std::map<std::size_t, std::string> ran;  // the bytes on the host, by use line
+  for (const std::string& line : trace.ran) {
+    std::size_t use = 0, bytes = 0;
+    long us = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "# ran: use %zu in %ld us, %zu bytes on the host", &use, &us, &bytes), 3) << line;
+    EXPECT_GE(us, 0) << line;
+    EXPECT_TRUE(ran.emplace(use, std::to_string(bytes)).second) << "written once: " << line;
   }
-  const std::string d = id_of[192 * mib], s = id_of[128 * mib];
+  const std::string d = trace.id_of.at(192 * mib), s = trace.id_of.at(128 * mib);
   ASSERT_GE(uses.size(), 4u);
   const std::size_t first = uses.size() - 4;  // the trace is the process's: earlier tests' uses come first
   EXPECT_EQ(std::vector<std::string>(uses.begin() + long(first), uses.end()),

@@ -6,6 +6,7 @@ torch."""
 import gzip
 import os
 import re
+import sys
 
 HEADER = "# gmem allocation trace v1"
 MAX_ID = 1 << 24
@@ -78,6 +79,18 @@ def from_device_trace(entries):
 def open_text(path, mode):
     """The file at `path` as text, gunzipped where it ends in .gz."""
     return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
+
+
+def read_with(tool, path, read):
+    """read(lines) of the trace at `path` (plain or .gz); None where the file
+    cannot be read or `read` refuses it (TraceError), said on stderr as
+    `TOOL: PATH: why`."""
+    try:
+        with open_text(path, "r") as f:
+            return read(f.readlines())
+    except (OSError, TraceError) as e:
+        print(f"{tool}: {path}: {e}", file=sys.stderr)
+        return None
 
 
 def _format(e):

@@ -112,12 +112,10 @@ def main():
     args = parser.parse_args()
     if args.top < 1:
         parser.error("--top must be 1 or more")
-    try:
-        with gmem_trace.open_text(args.trace, "r") as f:
-            steps, whole, names = read(f.readlines())
-    except (OSError, gmem_trace.TraceError) as e:
-        print(f"launch_times: {args.trace}: {e}", file=sys.stderr)
+    got = gmem_trace.read_with("launch_times", args.trace, read)
+    if got is None:
         return 1
+    steps, whole, names = got
     if not any(steps):
         print(f"launch_times: {args.trace}: no `# ran` line: no launch over host memory was timed "
               "(traces recorded before gmem timed launches have none)", file=sys.stderr)

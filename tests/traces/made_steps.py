@@ -129,11 +129,8 @@ def main():
     args = parser.parse_args()
     if args.top < 0:
         parser.error("--top must be 0 or more")
-    try:
-        with gmem_trace.open_text(args.trace, "r") as f:
-            steps = steps_of(f.readlines())
-    except (OSError, gmem_trace.TraceError) as e:
-        print(f"made_steps: {args.trace}: {e}", file=sys.stderr)
+    steps = gmem_trace.read_with("made_steps", args.trace, steps_of)
+    if steps is None:
         return 1
     if not steps:
         print(f"made_steps: {args.trace}: no `# place` or `# made` line: record it with report:1 placing by use",
