@@ -77,13 +77,12 @@ class TraceRecorder {
   // Where the trace times launches (time_launches), `timed` holds the events
   // of a launch timed on the GPU (pool/launch_timing.h: interpose/ times
   // each kernel launch, not a graph's, whose large references lie partly in
-  // host memory), now the
-  // trace's. Its use line is followed, once a later use line finds the
-  // device past its end, by `# ran: use N in US us, BYTES bytes on the host`:
-  // N counts the trace's use lines from 0, BYTES is what its large
-  // references held in host memory when it was submitted
-  // (tests/traces/launch_times.py sums them by kernel). Launches the device
-  // has not run when the trace closes are not written.
+  // host memory), now the trace's. Its use line is followed, once a later
+  // use line finds the device past its end, by `# ran: use N in US us, BYTES
+  // bytes on the host`: N counts the trace's use lines from 0, BYTES is what
+  // its large references held in host memory when it was submitted
+  // (tests/traces/launch_times.py sums them by kernel). Launches no later
+  // use line finds run (the job's last) are not written.
   void used(const void* function, const std::vector<RangeReference>& references, LaunchTiming::Events timed = {});
   // Launches are timed from now, through `driver` (it outlives the trace);
   // their events are not queried while `quiet` says so (a stream captures).
@@ -124,7 +123,7 @@ class TraceRecorder {
   // Writes the `# ran` lines of the timed launches the device has run, in
   // the order launched; under mutex_.
   void write_ran();
-  void drop(const LaunchTiming::Events& events);
+  void drop(const LaunchTiming::Events& events);  // destroys its events
 
   std::mutex mutex_;
   FILE* const out_;
