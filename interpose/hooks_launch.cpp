@@ -178,6 +178,19 @@ void visit_words(CUfunction f, void** params, void** extra, Visit&& visit) {
   }
 }
 
+// The ranges a launch references that `keep` keeps, each once, in the order
+// its parameters name them.
+template <typename Keep>
+std::vector<const gmem::pool::AccessRecord*> references(const gmem::pool::AccessTable& table, CUfunction f,
+                                                        void** params, void** extra, Keep&& keep) {
+  std::vector<const gmem::pool::AccessRecord*> found;
+  visit_words(f, params, extra, [&](uint64_t word) {
+    const gmem::pool::AccessRecord* r = table.find(word);
+    if (r && keep(*r) && std::find(found.begin(), found.end(), r) == found.end()) found.push_back(r);
+  });
+  return found;
+}
+
 // What a launch the driver took references: counted now, or, on a capturing
 // stream, kept for the capture's graph.
 void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f, void** params, void** extra,
@@ -206,15 +219,12 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
 std::size_t timed_host_bytes(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra) {
   const gmem::pool::AccessTable* table = pool.access();
   if (!pool.trace() || !pool.trace()->times_launches() || !table->counting() || pool.capture_running()) return 0;
-  std::vector<const gmem::pool::AccessRecord*> seen;
   std::size_t host = 0;
-  visit_words(f, params, extra, [&](uint64_t word) {
-    const gmem::pool::AccessRecord* r = table->find(word);
-    if (r && r->size() >= gmem::pool::large_range && std::find(seen.begin(), seen.end(), r) == seen.end()) {
-      seen.push_back(r);
-      host += r->host_bytes();
-    }
-  });
+  for (const gmem::pool::AccessRecord* r : references(*table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
+         return r.size() >= gmem::pool::large_range;
+       })) {
+    host += r->host_bytes();
+  }
   return host;
 }
 
@@ -240,15 +250,9 @@ const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& 
 // is submitted, each where the device has room for all of it.
 void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
               void** extra) {
-  std::vector<const gmem::pool::AccessRecord*> spilled;
-  visit_words(f, params, extra, [&](uint64_t word) {
-    const gmem::pool::AccessRecord* r = table.find(word);
-    if (r && r->host_bytes() >= gmem::pool::Pool::bring_in_least &&
-        std::find(spilled.begin(), spilled.end(), r) == spilled.end()) {
-      spilled.push_back(r);
-    }
-  });
-  pool.bring_in(spilled);
+  pool.bring_in(references(table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
+    return r.host_bytes() >= gmem::pool::Pool::bring_in_least;
+  }));
 }
 
 // A submitting `call`, gated; `counted` once the driver took it, with the
