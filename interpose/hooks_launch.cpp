@@ -206,26 +206,23 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
     }
   }
   if (!table.counting()) return;
-  gmem::pool::LaunchReferences refs(table, f, pool.trace());
+  gmem::pool::LaunchReferences refs(table, f, pool.trace(), timing != nullptr);
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
-  refs.finish(pool.publisher(), timing);
+  const uint64_t use = refs.finish(pool.publisher());
+  if (timing) pool.timed(*timing, use, refs.large());
 }
 
-// Where the trace times launches: the bytes in host memory of the large
-// ranges a launch references (0: it is not timed, nor is any while a stream
-// captures: the events of a timing, made and recorded, would join a capture
-// on the launch's stream, and beside one in the global mode the pool queries
-// no event).
-std::size_t timed_host_bytes(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra) {
+// Whether a launch is timed (Pool::clock): where some of the large ranges it
+// references lie in host memory. None is while a stream captures: the
+// events of a timing, made and recorded, would join a capture on the
+// launch's stream, and beside one in the global mode the pool queries no
+// event.
+bool timed(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra) {
   const gmem::pool::AccessTable* table = pool.access();
-  if (!pool.trace() || !pool.trace()->times_launches() || !table->counting() || pool.capture_running()) return 0;
-  std::size_t host = 0;
-  for (const gmem::pool::AccessRecord* r : references(*table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
-         return r.size() >= gmem::pool::large_range;
-       })) {
-    host += r->host_bytes();
-  }
-  return host;
+  if (!pool.clock() || !table->counting() || pool.capture_running()) return false;
+  return !references(*table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
+            return r.size() >= gmem::pool::large_range && r.host_bytes();
+          }).empty();
 }
 
 // The first moving or parked range (pool/evictor.h) a launch references;
@@ -297,9 +294,7 @@ CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool
   gmem::pool::Pool* pool = gmem::active_pool();
   if (pool && pool->brings_in() && pool->access()->counting()) bring_in(*pool, *pool->access(), f, params, extra);
   std::optional<gmem::pool::LaunchTiming> timing;
-  if (const std::size_t host = pool && pool->access() ? timed_host_bytes(*pool, f, params, extra) : 0) {
-    timing.emplace(pool->driver(), host);
-  }
+  if (pool && pool->access() && timed(*pool, f, params, extra)) timing.emplace(*pool->clock());
   // The events go on the stream the launch went to (the thread's own default one, for a _ptsz call's 0).
   const CUstream on = per_thread && !stream ? CU_STREAM_PER_THREAD : stream;
   return submit(

@@ -166,7 +166,6 @@ void start_trace(Runtime& rt) {
     }
     return std::string();
   });
-  trace->time_launches(rt.pool->driver(), [pool = rt.pool] { return pool->capture_running(); });
   rt.pool->record_trace(std::move(trace));
 }
 

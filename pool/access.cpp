@@ -166,8 +166,8 @@ void AccessTable::wait_unmoved(const AccessRecord& record) {
 
 // Each launch takes a new mark, so no mark is cleared between launches.
 LaunchReferences::LaunchReferences(AccessTable& table, AccessTable::ThreadCounts& counts, const void* function,
-                                   TraceRecorder* trace)
-    : table_(table), function_(function), trace_(trace), counts_(counts) {
+                                   TraceRecorder* trace, bool timed)
+    : table_(table), function_(function), trace_(trace), keep_large_(trace || timed), counts_(counts) {
   if (++counts_.mark == 0) {  // wrapped: old marks could equal new ones
     for (auto& page : counts_.pages) {
       if (AccessTable::Counts* counts = page.load(std::memory_order_relaxed)) {
@@ -179,15 +179,16 @@ LaunchReferences::LaunchReferences(AccessTable& table, AccessTable::ThreadCounts
   mark_ = counts_.mark;
 }
 
-void LaunchReferences::finish(Publisher* publisher, LaunchTiming* timing) {
-  if (trace_ && !large_.empty()) trace_->used(function_, large_, timing ? timing->take() : LaunchTiming::Events{});
-  if (!publisher) return;
+uint64_t LaunchReferences::finish(Publisher* publisher) {
+  const uint64_t use = trace_ && !large_.empty() ? trace_->used(function_, large_) : LaunchClock::no_use;
+  if (!publisher) return use;
   for (uint32_t left = devices_; left; left &= left - 1) {
     const int d = __builtin_ctz(left);
     publisher->add(d, GMEM_STAT_access_launches, 1);
     if (host_[d]) publisher->add(d, GMEM_STAT_host_access_bytes, int64_t(host_[d]));
     if (peer_[d]) publisher->add(d, GMEM_STAT_peer_access_bytes, int64_t(peer_[d]));
   }
+  return use;
 }
 
 }  // namespace gmem::pool

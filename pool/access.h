@@ -22,14 +22,15 @@
 namespace gmem::pool {
 
 class AccessTable;
-class LaunchTiming;
 class TraceRecorder;
 
 // A large range one launch referenced, as the trace writes it (TraceRecorder::used):
-// its base, and the offset in it of the launch's first address there.
+// its base, the offset in it of the launch's first address there, and its
+// bytes in host memory then.
 struct RangeReference {
   CUdeviceptr base = 0;
   uint64_t offset = 0;
+  std::size_t host = 0;
 };
 
 // Allocations of at least this size are followed one by one: placing by use
@@ -250,24 +251,28 @@ class LaunchReferences {
  public:
   // `function`: the kernel launched (null: every launch a pass of its own).
   // With `trace`, the launch's large ranges (those pool/uses.h follows) are
-  // written to it as a use (TraceRecorder::used) when it is counted.
-  explicit LaunchReferences(AccessTable& table, const void* function = nullptr, TraceRecorder* trace = nullptr)
-      : LaunchReferences(table, table.thread_counts(), function, trace) {}
+  // written to it as a use (TraceRecorder::used) when it is counted; they
+  // are kept (large()) with `trace` or where `timed`.
+  explicit LaunchReferences(AccessTable& table, const void* function = nullptr, TraceRecorder* trace = nullptr,
+                            bool timed = false)
+      : LaunchReferences(table, table.thread_counts(), function, trace, timed) {}
   // Counted as a launch of the thread whose counts are `counts` (a replay's:
   // AccessTable::add_thread_counts).
   LaunchReferences(AccessTable& table, AccessTable::ThreadCounts& counts, const void* function,
-                   TraceRecorder* trace = nullptr);
+                   TraceRecorder* trace = nullptr, bool timed = false);
   // One parameter word: a reference if it is an address inside a pool range.
   void word(uint64_t value) {
     if (AccessRecord* record = table_.find(value)) reference(*record, value);
   }
   // Counts the launch on the devices it referenced (GMEM_STAT_access_launches,
   // host_access_bytes, peer_access_bytes; `publisher` may be null), and
-  // writes it to the trace, with its `timing` where it was timed (the trace
-  // takes its events).
-  void finish(Publisher* publisher, LaunchTiming* timing = nullptr);
+  // writes it to the trace: the number of its use line there
+  // (LaunchClock::no_use: none written).
+  uint64_t finish(Publisher* publisher);
 
   uint64_t ranges() const { return ranges_; }
+  // The large ranges referenced, in the order first referenced (kept with a trace, or timed).
+  const std::vector<RangeReference>& large() const { return large_; }
 
  private:
   void reference(AccessRecord& record, uint64_t address);
@@ -275,7 +280,8 @@ class LaunchReferences {
   const AccessTable& table_;
   const void* const function_;
   TraceRecorder* const trace_;
-  std::vector<RangeReference> large_;  // with trace_: the large ranges referenced
+  const bool keep_large_;
+  std::vector<RangeReference> large_;
   AccessTable::ThreadCounts& counts_;
   uint32_t mark_;  // this launch's
   uint64_t ranges_ = 0;
@@ -293,7 +299,8 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   ++ranges_;
   counts.launches.store(counts.launches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const uint64_t offset = address - record.base();
-  if (trace_ && record.size() >= large_range) large_.push_back({record.base(), offset});
+  const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
+  if (keep_large_ && record.size() >= large_range) large_.push_back({record.base(), offset, host});
   const bool continues =
       function_ && counts.function == function_ && (offset > counts.offset || (offset == counts.offset && follows));
   if (!continues) {
@@ -301,7 +308,6 @@ inline void LaunchReferences::reference(AccessRecord& record, uint64_t address) 
   }
   counts.function = function_;
   counts.offset = offset;
-  const uint64_t host = record.host_bytes(), peer = record.peer_bytes();
   if (host + peer) counts.bytes.store(counts.bytes.load(std::memory_order_relaxed) + host + peer, std::memory_order_relaxed);
   const int device = record.device();
   if (device < 0 || device >= GMEM_STATS_MAX_DEVICES) return;

@@ -1,67 +1,110 @@
-// A kernel launch timed on the GPU for the trace (TraceRecorder::used): two
-// events with timing, recorded on the launch's stream just before it is
-// submitted and just after. What a launch over host memory costs is its
-// kernel's own business (one that walks a range streams it at the link's
-// speed, one that reads it out of order far slower), and its parameters do
-// not tell which: its time does.
+// Kernel launches timed on the GPU: two events with timing, recorded on the
+// launch's stream just before it is submitted and just after (interpose/
+// times each kernel launch, not a graph's, whose large references lie partly
+// in host memory). What a launch over host memory costs is its kernel's own
+// business (one that walks a range streams it at the link's speed, one that
+// reads it out of order far slower: the GCN's index_put_ read its source at a
+// third of it, docs/results.md, fifty-second session), and its parameters do
+// not tell which: its time does. The pool charges that time to the kinds of
+// the allocations the launch read in host memory (Uses::ran), and the trace
+// writes it (TraceRecorder::ran).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "vmm/driver.h"
 
 namespace gmem::pool {
 
-class LaunchTiming {
+// The launches timed, until the device has run them; and spare events, so
+// that a timed launch makes none once the first steps have.
+class LaunchClock {
  public:
-  // The events, once both are recorded; `host`: the bytes the launch's large
-  // references held in host memory when it was submitted.
-  struct Events {
-    CUevent start = nullptr, end = nullptr;
+  static constexpr uint64_t no_use = ~uint64_t{0};
+  // A kind of allocation (pool/uses.h) a launch referenced, and its bytes in
+  // host memory then.
+  struct Charge {
+    uint64_t kind = 0;
     std::size_t host = 0;
   };
+  // A timed launch: its use line in the trace (no_use: none), the bytes its
+  // large references held in host memory when it was submitted, the kinds
+  // it is charged to; once run, its time on the GPU.
+  struct Ran {
+    uint64_t use = no_use;
+    std::size_t host = 0;
+    std::vector<Charge> charges;
+    double us = 0;
+  };
+  struct Events {
+    CUevent start = nullptr, end = nullptr;
+  };
 
-  // Makes the events in the calling thread's context (none where it cannot).
-  LaunchTiming(const vmm::Driver& driver, std::size_t host) : driver_(driver) {
-    events_.host = host;
-    if (driver.cuEventCreate(&events_.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-        driver.cuEventCreate(&events_.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-      destroy();
-    }
+  // Events are not queried while `quiet` says so (a stream captures).
+  LaunchClock(const vmm::Driver& driver, std::function<bool()> quiet)
+      : driver_(driver), quiet_(std::move(quiet)) {}
+  ~LaunchClock();
+  LaunchClock(const LaunchClock&) = delete;
+  LaunchClock& operator=(const LaunchClock&) = delete;
+
+  // Two events with timing (spare ones, or made in the calling thread's
+  // context); none where they cannot be made.
+  Events events();
+  // Events not recorded as a pair go back to the spares.
+  void give_back(Events events);
+  // A launch between `events`, both recorded, waits for the device.
+  void add(Events events, Ran ran);
+  // The launches the device has run since the last call, in the order added
+  // (none while quiet, nor while another thread takes them).
+  std::vector<Ran> ran();
+  const vmm::Driver& driver() const { return driver_; }
+
+ private:
+  const vmm::Driver& driver_;
+  const std::function<bool()> quiet_;
+  std::mutex mutex_;
+  std::deque<std::pair<Events, Ran>> pending_;
+  std::vector<Events> spare_;
+};
+
+// One launch's timing: events from the clock, recorded around the launch.
+class LaunchTiming {
+ public:
+  explicit LaunchTiming(LaunchClock& clock) : clock_(clock), events_(clock.events()) {}
+  ~LaunchTiming() {
+    if (events_.start) clock_.give_back(events_);
   }
-  ~LaunchTiming() { destroy(); }
   LaunchTiming(const LaunchTiming&) = delete;
   LaunchTiming& operator=(const LaunchTiming&) = delete;
 
   // Submits the launch (`submit` returns its CUresult) between the two events on `stream`.
   template <typename Submit>
   CUresult around(CUstream stream, Submit&& submit) {
-    const bool started = events_.start && driver_.cuEventRecord(events_.start, stream) == CUDA_SUCCESS;
+    const vmm::Driver& driver = clock_.driver();
+    const bool started = events_.start && driver.cuEventRecord(events_.start, stream) == CUDA_SUCCESS;
     const CUresult status = submit();
-    ended_ = started && status == CUDA_SUCCESS && driver_.cuEventRecord(events_.end, stream) == CUDA_SUCCESS;
+    ended_ = started && status == CUDA_SUCCESS && driver.cuEventRecord(events_.end, stream) == CUDA_SUCCESS;
     return status;
   }
 
-  // The events where both were recorded, now the caller's (else none).
-  Events take() {
-    if (!ended_) return {};
+  // Where both events were recorded: `ran` joins the clock's launches, with them.
+  void done(LaunchClock::Ran ran) {
+    if (!ended_) return;
     ended_ = false;
-    return std::exchange(events_, Events{});
+    clock_.add(std::exchange(events_, {}), std::move(ran));
   }
 
  private:
-  void destroy() {
-    for (CUevent* e : {&events_.start, &events_.end}) {
-      if (*e) driver_.cuEventDestroy_v2(*e);
-      *e = nullptr;
-    }
-  }
-
-  const vmm::Driver& driver_;
-  Events events_;
+  LaunchClock& clock_;
+  LaunchClock::Events events_;
   bool ended_ = false;
 };
 

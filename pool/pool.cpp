@@ -95,12 +95,12 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   auto busy = [&] { return driver_.cuStreamQuery(stream_handle(stream)) == CUDA_ERROR_NOT_READY; };
   const bool busy_before = trace_ && !quiet() && busy();
   const uint64_t moves_ended = evictor_ ? evictor_->moves_ended() : 0;
-  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
+  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first);
   // A batch of the evictor's moves holds the memory its ranges leave and the
   // memory they go to until it ends; then the first is free again (also where
   // it ended while this request was tried).
   if (status == CUDA_ERROR_OUT_OF_MEMORY && evictor_ && evictor_->wait_moves(moves_ended)) {
-    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device);
+    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first);
   }
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();
@@ -134,6 +134,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
       driver_.cuCtxSynchronize();
     }
   }
+  if (use.kind && clock_) settle_timed();
   if (use.kind && uses_.served(block.base, use, asked, spilling, now_ns(), vmm_->work(a.device))) {
     uses_.peak(a.device, vmm_->device_room(a.device));
   }
@@ -192,6 +193,20 @@ void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
     bases.push_back(r->base());
   }
   mover_->bring_in(bases, first->context);
+}
+
+void Pool::timed(LaunchTiming& timing, uint64_t use, const std::vector<RangeReference>& refs) {
+  LaunchClock::Ran ran{.use = use, .charges = uses_.charges(refs)};
+  for (const RangeReference& r : refs) ran.host += r.host;
+  timing.done(std::move(ran));
+  settle_timed();
+}
+
+void Pool::settle_timed() {
+  for (const LaunchClock::Ran& ran : clock_->ran()) {
+    uses_.ran(ran.charges, ran.us);
+    if (trace_ && ran.use != LaunchClock::no_use) trace_->ran(ran.use, ran.us, ran.host);
+  }
 }
 
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {

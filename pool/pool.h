@@ -122,7 +122,8 @@ class Pool {
                    : nullptr),
         bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in
                                                                                                  : BringIn::off),
-        ledger_(publisher_.get()) {
+        ledger_(publisher_.get()),
+        clock_(access_ && place_by_use ? std::make_unique<LaunchClock>(driver_, [this] { return quiet(); }) : nullptr) {
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
@@ -224,9 +225,21 @@ class Pool {
   void describe_elsewhere(MappedElsewhere* mapped) { elsewhere_ = mapped; }
   // Who may refuse spilled memory to cuMemAlloc (set once, before use).
   void veto_spills(SpillVeto* veto) { spill_veto_ = veto; }
-  // Writes the VMM pool's requests as an allocation trace (set once, before use).
-  void record_trace(std::unique_ptr<TraceRecorder> trace) { trace_ = std::move(trace); }
+  // Writes the VMM pool's requests as an allocation trace (set once, before
+  // use), with the launches timed (with track_access).
+  void record_trace(std::unique_ptr<TraceRecorder> trace) {
+    trace_ = std::move(trace);
+    if (access_ && !clock_) clock_ = std::make_unique<LaunchClock>(driver_, [this] { return quiet(); });
+  }
   TraceRecorder* trace() const { return trace_.get(); }  // null: no trace
+  // What times launches over host memory (pool/launch_timing.h), with
+  // track_access, and place_by_use or a trace; null: none is timed.
+  LaunchClock* clock() const { return clock_.get(); }
+  // A launch whose large references were `refs` (LaunchReferences::large),
+  // written as use line `use` (LaunchClock::no_use: none), was `timing`:
+  // once the device has run it, its time is charged to the kinds it read in
+  // host memory (Uses::ran) and written to the trace.
+  void timed(LaunchTiming& timing, uint64_t use, const std::vector<RangeReference>& refs);
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -244,6 +257,8 @@ class Pool {
   // or memory mapped elsewhere; nullopt: the driver's to describe.
   std::optional<Block> find_block(CUdeviceptr ptr) const;
   CUresult before_free(CUdeviceptr ptr);
+  // The launches timed that the device has run: charged, and written.
+  void settle_timed();
   // While any stream captures, the pool neither queries events nor waits.
   bool quiet() const { return captures_.load(std::memory_order_relaxed) > 0; }
   // The device whose default memory pool `mempool` is; nullopt if none.
@@ -269,6 +284,7 @@ class Pool {
   Ledger ledger_;
   Registry allocations_{ledger_};  // by device address
   Registry handles_{ledger_};      // physical allocations, by handle
+  std::unique_ptr<LaunchClock> clock_;
 
   std::mutex primary_mutex_;
   std::unordered_map<CUdevice, CUcontext> primary_contexts_;

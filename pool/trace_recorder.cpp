@@ -47,7 +47,6 @@ std::unique_ptr<TraceRecorder> TraceRecorder::open(const std::string& pattern, s
 }
 
 TraceRecorder::~TraceRecorder() {
-  for (const Timed& t : timed_) drop(t.events);
   std::fclose(out_);
 }
 
@@ -119,17 +118,16 @@ bool TraceRecorder::device_full_said() {
   return device_full_;
 }
 
-void TraceRecorder::used(const void* function, const std::vector<RangeReference>& references,
-                         LaunchTiming::Events timed) {
+uint64_t TraceRecorder::used(const void* function, const std::vector<RangeReference>& references) {
   std::lock_guard lock(mutex_);
-  if (getpid() != pid_) return;  // a forked child: the events are not its to use
+  if (getpid() != pid_) return LaunchClock::no_use;  // a forked child
   const long long us = (now_ns() - opened_ns_) / 1000;
   std::vector<std::pair<uint32_t, uint64_t>> traced;  // the allocations' ids and offsets it writes
   for (const RangeReference& reference : references) {
     auto it = ids_.find(reference.base);
     if (it != ids_.end() && reference.offset < it->second.size) traced.emplace_back(it->second.id, reference.offset);
   }
-  if (traced.empty()) return drop(timed);
+  if (traced.empty()) return LaunchClock::no_use;
   const uint32_t thread = threads_.try_emplace(std::this_thread::get_id(), uint32_t(threads_.size())).first->second;
   if (function) {
     const auto [it, first] = functions_.try_emplace(function, uint32_t(functions_.size()));
@@ -145,32 +143,16 @@ void TraceRecorder::used(const void* function, const std::vector<RangeReference>
     if (offset) std::fprintf(out_, "+%llu", static_cast<unsigned long long>(offset));
   }
   std::fputc('\n', out_);
-  if (timed.end) timed_.push_back({uses_, timed});
-  ++uses_;
-  write_ran();
   std::fflush(out_);
+  return uses_++;
 }
 
-void TraceRecorder::write_ran() {
-  if (timed_.empty() || quiet_()) return;
-  while (!timed_.empty()) {
-    const Timed& t = timed_.front();
-    const CUresult status = driver_->cuEventQuery(t.events.end);
-    if (status == CUDA_ERROR_NOT_READY) return;
-    float ms = 0;
-    if (status == CUDA_SUCCESS && driver_->cuEventElapsedTime_v2(&ms, t.events.start, t.events.end) == CUDA_SUCCESS) {
-      std::fprintf(out_, "# ran: use %llu in %.0f us, %zu bytes on the host\n", static_cast<unsigned long long>(t.use),
-                   double(ms) * 1e3, t.events.host);
-    }
-    drop(t.events);
-    timed_.pop_front();
-  }
-}
-
-void TraceRecorder::drop(const LaunchTiming::Events& events) {
-  for (CUevent e : {events.start, events.end}) {
-    if (e && driver_) driver_->cuEventDestroy_v2(e);
-  }
+void TraceRecorder::ran(uint64_t use, double us, std::size_t host) {
+  std::lock_guard lock(mutex_);
+  if (getpid() != pid_) return;
+  std::fprintf(out_, "# ran: use %llu in %.0f us, %zu bytes on the host\n", static_cast<unsigned long long>(use), us,
+               host);
+  std::fflush(out_);
 }
 
 void TraceRecorder::moved(const char* who, CUdeviceptr base, const std::string& what) {

@@ -74,23 +74,16 @@ class TraceRecorder {
   // with name_kernels, a function's first use follows a comment line
   // `# kNUMBER NAME`.
   //
-  // Where the trace times launches (time_launches), `timed` holds the events
-  // of a launch timed on the GPU (pool/launch_timing.h: interpose/ times
-  // each kernel launch, not a graph's, whose large references lie partly in
-  // host memory), now the trace's. Its use line is followed, once a later
-  // use line finds the device past its end, by `# ran: use N in US us, BYTES
-  // bytes on the host`: N counts the trace's use lines from 0, BYTES is what
+  // The number of its use line (counted from 0), or LaunchClock::no_use
+  // where none was written.
+  uint64_t used(const void* function, const std::vector<RangeReference>& references);
+  // Use line `use`'s launch was timed on the GPU (pool/launch_timing.h):
+  // `# ran: use N in US us, BYTES bytes on the host`, written once the
+  // device has run it (at a later launch timed, or request): BYTES is what
   // its large references held in host memory when it was submitted
-  // (tests/traces/launch_times.py sums them by kernel). Launches no later
-  // use line finds run (the job's last) are not written.
-  void used(const void* function, const std::vector<RangeReference>& references, LaunchTiming::Events timed = {});
-  // Launches are timed from now, through `driver` (it outlives the trace);
-  // their events are not queried while `quiet` says so (a stream captures).
-  void time_launches(const vmm::Driver& driver, std::function<bool()> quiet) {
-    driver_ = &driver;
-    quiet_ = std::move(quiet);
-  }
-  const vmm::Driver* times_launches() const { return driver_; }
+  // (tests/traces/launch_times.py sums them by kernel). Launches still
+  // running when the job ends are not written.
+  void ran(uint64_t use, double us, std::size_t host);
   // How a launched function's name is had (null or an empty answer: none
   // written). Set once, before any launch is counted.
   void name_kernels(std::function<std::string(const void*)> name) { name_ = std::move(name); }
@@ -120,10 +113,6 @@ class TraceRecorder {
   // `# WHO TIME_US ID|- WHAT`, timed as uses are.
   void moved(const char* who, CUdeviceptr base, const std::string& what);
   uint32_t stream_number(StreamId stream);  // under mutex_
-  // Writes the `# ran` lines of the timed launches the device has run, in
-  // the order launched; under mutex_.
-  void write_ran();
-  void drop(const LaunchTiming::Events& events);  // destroys its events
 
   std::mutex mutex_;
   FILE* const out_;
@@ -140,13 +129,6 @@ class TraceRecorder {
   std::unordered_map<std::thread::id, uint32_t> threads_;  // that launched, numbered
   std::unordered_map<const void*, uint32_t> functions_;    // launched, numbered
   std::function<std::string(const void*)> name_;
-  const vmm::Driver* driver_ = nullptr;  // with time_launches
-  std::function<bool()> quiet_;
-  struct Timed {
-    uint64_t use;  // the use line's number
-    LaunchTiming::Events events;
-  };
-  std::deque<Timed> timed_;  // launched, not yet written
   uint64_t uses_ = 0;        // use lines written
   bool device_full_ = false;  // said
   bool counting_ = false;     // said

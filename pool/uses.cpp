@@ -50,7 +50,8 @@ Uses::Request Uses::request(int device, std::size_t size) {
   if (!k.live) k.numbered = 0;
   const uint32_t number = k.numbered++;
   if (d.replan && d.planning()) plan(device);
-  return {kind, device, number, place_ && d.planning() && !d.evicting() ? k.off_device(number) : 0};
+  const bool placed = place_ && d.planning() && !d.evicting();
+  return {kind, device, number, placed ? k.off_device(number) : 0, placed && k.slow};
 }
 
 std::size_t Uses::Kind::off_device(uint32_t number) const {
@@ -233,15 +234,17 @@ void Uses::forget_old_kinds() {
 
 void Uses::plan(int device) {
   std::vector<Kind*> alive;
+  const double link = fastest_over_host(device);
   for (auto& [id, k] : kinds_) {
     if (k.device != device) continue;
     k.off_whole = 0;
     k.off_part = 0;
+    k.slow = link && k.ran_per_pass() >= slower * link;
     if (k.at_peak() && k.figures.allocations) alive.push_back(&k);
   }
-  auto passes = [](const Kind* k) { return double(k->figures.passes) / double(k->figures.allocations); };
+  auto cost = [&](const Kind* k) { return cost_off_device(*k, link); };
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) {
-    return std::pair(passes(a), b->size) < std::pair(passes(b), a->size);
+    return std::pair(cost(a), b->size) < std::pair(cost(b), a->size);
   });
   // What the device cannot hold spills anyway, to whatever is requested
   // while it is full: a byte as hot as the average one at the peak. Only
@@ -249,13 +252,13 @@ void Uses::plan(int device) {
   double bytes = 0, passed = 0;
   for (const Kind* k : alive) {
     bytes += double(k->size) * k->at_peak();
-    passed += double(k->size) * k->at_peak() * passes(k);
+    passed += double(k->size) * k->at_peak() * cost(k);
   }
   Device& d = devices_[device];
   std::size_t lacked = d.lacked, over = 0;  // over: placed beyond what was lacked
   std::vector<Kind*> whole;                 // with allocations placed whole, the coldest first
   for (Kind* k : alive) {
-    if (!lacked || passes(k) > passed / bytes) break;
+    if (!lacked || cost(k) > passed / bytes) break;
     const std::size_t wanted = std::min(lacked, std::size_t(k->at_peak()) * k->size);
     // Whole allocations, then part of the next. That one goes whole too
     // where its rest is at most an 8th of what the device lacked. A range
@@ -290,6 +293,47 @@ void Uses::plan(int device) {
   d.replan = false;
 }
 
+double Uses::Kind::ran_per_pass() const {
+  const Figures& f = figures;
+  if (!f.ran_ns || !f.passes || f.host_bytes < min_size) return 0;
+  return double(f.ran_ns) * double(f.allocations) / (double(f.host_bytes) * double(f.passes));
+}
+
+double Uses::fastest_over_host(int device) const {
+  double fastest = 0;
+  for (const auto& [id, k] : kinds_) {
+    const double ran = k.device == device ? k.ran_per_pass() : 0;
+    if (ran && (!fastest || ran < fastest)) fastest = ran;
+  }
+  return fastest;
+}
+
+double Uses::cost_off_device(const Kind& k, double link) {
+  const double passes = double(k.figures.passes) / double(std::max<uint64_t>(k.figures.allocations, 1));
+  return k.slow ? passes * k.ran_per_pass() / link : passes;
+}
+
+std::vector<LaunchClock::Charge> Uses::charges(const std::vector<RangeReference>& refs) const {
+  std::vector<LaunchClock::Charge> found;
+  std::lock_guard lock(mutex_);
+  for (const RangeReference& r : refs) {
+    const auto it = r.host ? live_.find(r.base) : live_.end();
+    if (it != live_.end()) found.push_back({it->second.kind, r.host});
+  }
+  return found;
+}
+
+void Uses::ran(const std::vector<LaunchClock::Charge>& charges, double us) {
+  double host = 0;
+  for (const LaunchClock::Charge& c : charges) host += double(c.host);
+  if (!host) return;
+  std::lock_guard lock(mutex_);
+  for (const LaunchClock::Charge& c : charges) {
+    const auto it = kinds_.find(c.kind);
+    if (it != kinds_.end()) it->second.figures.ran_ns += uint64_t(us * 1e3 * double(c.host) / host);
+  }
+}
+
 void Uses::freed(CUdeviceptr base, std::size_t size) {
   AccessRecord* r = record(base, size);
   const AccessRecord::Figures f = r ? r->take() : AccessRecord::Figures{};
@@ -319,6 +363,7 @@ std::map<std::size_t, Uses::Figures> Uses::by_size() const {
     u.launches += k.figures.launches;
     u.passes += k.figures.passes;
     u.host_bytes += k.figures.host_bytes;
+    u.ran_ns += k.figures.ran_ns;
   }
   return sizes;
 }
@@ -380,11 +425,12 @@ std::string Uses::report_plan(std::size_t most) const {
   for (const Kind* k : alive) {
     snprintf(buf, sizeof buf,
              "gmem: report place size=%zu at_peak=%u allocs=%" PRIu64 " passes_per_alloc=%.1f off_device=%.2f "
-             "host_share=%.2f\n",
+             "host_share=%.2f host_ms_per_gb_pass=%.1f cost=%.1f\n",
              k->size, k->at_peak(), k->figures.allocations,
              double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)),
              (double(k->off_whole) + double(k->off_part) / double(k->size)) / double(k->at_peak()),
-             double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))));
+             double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))),
+             k->ran_per_pass() * 1e3, cost_off_device(*k, fastest_over_host(k->device)));
     out += buf;
   }
   return out;
@@ -392,7 +438,7 @@ std::string Uses::report_plan(std::size_t most) const {
 
 namespace {
 
-constexpr const char* remembered_header = "gmem plan v1";
+constexpr const char* remembered_header = "gmem plan v2";
 
 // The index of `name` in `names`; -1 if none.
 template <std::size_t N>
@@ -425,7 +471,8 @@ std::string Uses::remembered() const {
   for (const auto& [id, k] : kinds_) {
     if (!judged(k.device) || !k.figures.allocations) continue;
     out << "kind " << id << ' ' << k.device << ' ' << k.size << ' ' << k.figures.allocations << ' '
-        << k.figures.launches << ' ' << k.figures.passes << ' ' << k.figures.host_bytes << ' ' << k.peak.size();
+        << k.figures.launches << ' ' << k.figures.passes << ' ' << k.figures.host_bytes << ' ' << k.figures.ran_ns
+        << ' ' << k.peak.size();
     for (uint32_t number : k.peak) out << ' ' << number;
     out << "\n";
   }
@@ -458,7 +505,7 @@ bool Uses::remember(const std::string& text) {
       Kind k;
       std::size_t at_peak = 0;
       fields >> id >> k.device >> k.size >> k.figures.allocations >> k.figures.launches >> k.figures.passes >>
-          k.figures.host_bytes >> at_peak;
+          k.figures.host_bytes >> k.figures.ran_ns >> at_peak;
       if (!fields || at_peak > max_kinds) return false;
       k.peak.resize(at_peak);
       for (uint32_t& number : k.peak) fields >> number;

@@ -21,8 +21,23 @@
 // many passes) keep the device. A wrong guess costs speed only: memory off
 // the device stays mapped.
 //
-// Passes do not tell how fast a kernel runs over host memory, so the plan is
-// tried, not trusted: once the steps repeat (the bytes asked for come within
+// Passes do not tell how fast a kernel runs over host memory, so its
+// launches are timed (Pool::timed: each launch whose large references lie
+// partly in host memory, between two events on its stream), and each one's
+// GPU time is charged to the kinds it read there, by their bytes in host
+// memory (ran()). A kind whose launches ran at least `slower` times slower
+// per byte there and pass than the fastest kind measured on its device
+// counts its passes as that many times more; a kind not measured off the
+// device, as fast as the fastest. The GCN at twice an H100 capped at 31G
+// (docs/results.md, fifty-second session): its forward index_put_ reads its
+// 26.6 GB source in the order of a sorted index, 1.62 s a launch with the
+// source in host memory, where the kernels that walk their ranges there ran
+// at the link's speed. With about two passes each, the source and the
+// forward's other product looked alike: placed by passes the source went to
+// the host (5.3 s steps), where the layout with the other product there
+// stepped in 2.4 s.
+//
+// Even so the plan is tried, not trusted: once the steps repeat (the bytes asked for come within
 // a 64th of their peak once a step, after falling below half of it), the time
 // from peak to peak in the order requested (the shorter of two steps) is
 // measured against the mean of two steps with the plan (after one to
@@ -113,6 +128,7 @@
 #include "pool/access.h"
 #include "pool/book.h"
 #include "pool/budget.h"
+#include "pool/launch_timing.h"
 #include "pool/step_ends.h"
 
 namespace gmem::pool {
@@ -148,6 +164,9 @@ class Uses {
     uint64_t launches = 0;     // that referenced them, over their lives
     uint64_t passes = 0;       // over them (AccessRecord::Figures::passes)
     uint64_t host_bytes = 0;   // theirs in pinned host memory when freed
+    // The GPU time of the launches timed over host memory (Pool::timed)
+    // charged to the kind (ran()), of all its allocations, freed or not.
+    uint64_t ran_ns = 0;
     bool operator==(const Figures&) const = default;
   };
 
@@ -158,6 +177,10 @@ class Uses {
     int device = -1;
     uint32_t number = 0;  // of the kind's requests since none of it was alive
     std::size_t off_device = 0;
+    // Its kind ran slow over host memory (Kind::slow) and the plan is in
+    // force: a range partly off the device serves it only where the device
+    // is short (VmmPool::alloc).
+    bool device_first = false;
   };
   Request request(int device, std::size_t size);
   // `request` was served at `base` (followed if a range starts there) at
@@ -176,6 +199,13 @@ class Uses {
   void peak(int device, std::size_t room);
   // The allocation at `base` is about to be freed: its counts join its kind's.
   void freed(CUdeviceptr base, std::size_t size);
+  // Of a launch's large references (LaunchReferences::large), those of
+  // allocations followed that lay partly in host memory: their kinds, with
+  // those bytes.
+  std::vector<LaunchClock::Charge> charges(const std::vector<RangeReference>& refs) const;
+  // A launch charged to `charges` ran `us` on the GPU: each kind takes a
+  // share by its bytes in host memory (Figures::ran_ns).
+  void ran(const std::vector<LaunchClock::Charge>& charges, double us);
 
   // Whether the plan places `device`'s requests now: while it is tried, and
   // after if it was kept.
@@ -221,6 +251,12 @@ class Uses {
     std::size_t off_part = 0;
     // The bytes of request `number` to place off the device.
     std::size_t off_device(uint32_t number) const;
+    // Its launches' GPU time over host memory per byte it held there and
+    // pass (ns; Figures::ran_ns), where measured (0: not).
+    double ran_per_pass() const;
+    // At the last plan: ran_per_pass was at least `slower` times the
+    // fastest of its device's kinds (fastest_over_host).
+    bool slow = false;
     uint32_t at_peak() const { return uint32_t(peak.size()); }
   };
   struct Live {
@@ -299,6 +335,14 @@ class Uses {
   AccessRecord* record(CUdeviceptr base, std::size_t size) const;
   // The shares off the device of `device`'s kinds; under mutex_.
   void plan(int device);
+  // A kind measured over host memory at least this many times slower per
+  // byte and pass than the device's fastest counts as that much hotter.
+  static constexpr double slower = 1.5;
+  // The least Kind::ran_per_pass of `device`'s kinds measured (0: none); under mutex_.
+  double fastest_over_host(int device) const;
+  // What a byte of `k` off the device costs, in passes over it at `link`
+  // (fastest_over_host, from which Kind::slow was set) per byte and pass.
+  static double cost_off_device(const Kind& k, double link);
   void forget_old_kinds();  // under mutex_
 
   AccessTable* const table_;

@@ -58,7 +58,7 @@ void VmmPool::complete_pending_frees() {
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
-                        bool quiet, std::size_t off_device) {
+                        bool quiet, std::size_t off_device, bool device_first) {
   const int64_t asked_ns = spill_observer_ ? now_ns() : 0;
   if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
@@ -79,14 +79,14 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     if (slabs_.take(class_size, device, stream, &range, &index)) {
       ++b.work.hits;
     } else {
-      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, &range);
+      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, false, &range);
       if (status == CUDA_SUCCESS) slabs_.add(*range, class_size);
     }
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
     const std::size_t rounded = round_up(size, b.granularity);
     off_device = tiers_ ? std::min(round_up(off_device, b.granularity), rounded) : 0;
-    status = take_range(rounded, device, stream, off_device, &range);
+    status = take_range(rounded, device, stream, off_device, device_first && !off_device, &range);
     if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->pieces.size())};
     if (range) range->live = 1;
   }
@@ -187,7 +187,7 @@ std::size_t VmmPool::device_room(int device) {
 }
 
 CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device,
-                             Range** range) {
+                             bool device_first, Range** range) {
   Book& b = books_[device];
   // A cached range this stream may use that fits with at most 1/16 (or one
   // granule) to spare. Of the smallest size there is, the oldest range.
@@ -247,7 +247,12 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   const bool repeats = stepped && !steps.diverged && k < steps.before.size() &&
                        steps.before[k].rounded == rounded;
   steps.diverged |= stepped && !repeats && k < steps.before.size();
-  const OffDevice as_last_step = off_device ? off : OffDevice::any();
+  // A request placed on the device first whose kind ran slow over host
+  // memory (pool/uses.h) does not take last step's range as it was where
+  // that lay partly off the device: the device's free chunks serve it
+  // first, so that a plan that moved it to the device is followed (else the
+  // range the last plan spilled serves it again, step after step).
+  const OffDevice as_last_step = off_device ? off : device_first ? OffDevice::none() : OffDevice::any();
   if (repeats) {
     const Recall::Last was{steps.before[k].served};
     r = ranges_.take_recalled(device, was, stream, as_last_step, false);

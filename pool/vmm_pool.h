@@ -78,8 +78,10 @@ class VmmPool {
   // wait for the device could disturb; only memory known free is reused.
   // `off_device`: the bytes of a whole-range request to place off the device
   // (pool/uses.h), in a peer's or the host's memory, as far as they have room.
+  // `device_first`: where not, a cached range partly off the device serves it
+  // only where the device is short (Uses::Request::device_first).
   CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet,
-                 std::size_t off_device = 0);
+                 std::size_t off_device = 0, bool device_first = false);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
   // The request just served at `ptr` is refused (pool/pool.h's veto): freed,
@@ -293,7 +295,8 @@ class VmmPool {
   // new device memory before spilled free chunks and new spills. With
   // `off_device`, a cached range with about that many spilled bytes, else a
   // new one with them.
-  CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, Range** range);
+  CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, bool device_first,
+                      Range** range);
   // In free chunks; with `ready_on`, only those reusable on that stream now.
   std::size_t free_device_bytes(int device, std::optional<StreamId> ready_on = std::nullopt);
   // The live block `index` of `range` is free once `pending` completes.

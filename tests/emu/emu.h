@@ -122,6 +122,10 @@ struct State {
   // were busy) until its stream, the context or the event is synchronized.
   bool hold_events = false;
   uint64_t events_recorded = 0;
+  // The GPU's clock, which events record (cuEventElapsedTime): each kernel
+  // launched takes a microsecond per block of its grid, and nothing else
+  // takes time, so that a test says how long its kernels run.
+  std::chrono::nanoseconds gpu_time{0};
   // GMEM_EMU_P2P=0: no device can map another's memory (default: every pair
   // can, with native atomics, as over NVLink).
   bool peer_access = true;

@@ -122,6 +122,7 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     if (fn->params[i].second == sizeof(CUtensorMap)) word = tensor_map_address(static_cast<const char*>(params[i]));
     if (word && faults(word)) state().fault = CUDA_ERROR_ILLEGAL_ADDRESS;
   }
+  state().gpu_time += std::chrono::microseconds(uint64_t(gx) * gy * gz);
   return CUDA_SUCCESS;
 }
 

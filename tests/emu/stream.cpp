@@ -172,7 +172,7 @@ EMU_API CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned
   Event* e = find_event(event);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   e->recorded = true;
-  e->when = std::chrono::steady_clock::now();
+  e->when = std::chrono::steady_clock::time_point(state().gpu_time);
   e->stream = state().hold_events ? (stream ? stream : CU_STREAM_LEGACY) : nullptr;
   e->order = ++state().events_recorded;
   e->on = stream;

@@ -89,10 +89,18 @@ using Track = Access;
 using Untracked = Access;
 
 // Without the fixture's two allocations.
+// Where one of Place::step's allocations lay in host memory.
+struct PlaceStep {
+  std::size_t a_host, b_host;
+};
+
 class Place : public Access {
  protected:
   Place() { two_allocations_ = false; }
+  // One step of a job that spills (below), A's kernel over `a_blocks` blocks.
+  PlaceStep step(unsigned a_blocks = 1);
 };
+using Measured = Place;  // a process of its own: placing by use starts its trial afresh
 using Repeat = Place;  // a process of its own: its steps start the trial afresh
 using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
@@ -454,37 +462,60 @@ TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
 // in the order requested (B's tail spills); once the pool has timed steps
 // that repeat, the plan is tried: the kernels' least used allocation, A,
 // takes the spill instead, and B, the hot one, lies on the device.
+// Launches over host memory are timed (pool/launch_timing.h): on the
+// emulator, a kernel takes a microsecond per block. Here each of A's runs
+// one, so per byte in host memory and pass A's kernel runs 1.5 times as long
+// as B's (3 us for one pass over 64 MiB, against 4 us for two), which counts
+// A as 1.5 passes against B's 2.
+PlaceStep Place::step(unsigned a_blocks) {
+  CUdeviceptr a = 0, b = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&a, 128 * mib), CUDA_SUCCESS);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(launch_two(a, 0, 0, a_blocks), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAlloc_v2(&b, 192 * mib), CUDA_SUCCESS);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(launch_two(b + 96 * mib, 0, 0), CUDA_SUCCESS);
+  }
+  OwnStats stats;
+  const PlaceStep placed{stats.placement(a).host_bytes, stats.placement(b).host_bytes};
+  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  return placed;
+}
+
 TEST_F(Place, WhatKernelsPassOverLeastGoesOffTheDeviceOnceTheStepsRepeat) {
-  struct Step {
-    std::size_t a_host, b_host;
-  };
-  auto step = [&] {
-    CUdeviceptr a = 0, b = 0;
-    EXPECT_EQ(cuMemAlloc_v2(&a, 128 * mib), CUDA_SUCCESS);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(launch_two(a, 0, 0), CUDA_SUCCESS);
-    EXPECT_EQ(cuMemAlloc_v2(&b, 192 * mib), CUDA_SUCCESS);
-    for (int i = 0; i < 2; ++i) {
-      EXPECT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
-      EXPECT_EQ(launch_two(b + 96 * mib, 0, 0), CUDA_SUCCESS);
-    }
-    OwnStats stats;
-    const Step placed{stats.placement(a).host_bytes, stats.placement(b).host_bytes};
-    EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
-    EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
-    return placed;
-  };
   // Four steps in the order requested (the first, then three timed), then
   // two with the plan on trial (after which it stays only if its step was
   // shorter, which timing on the emulator does not tell).
   for (int i = 0; i < 4; ++i) {
-    const Step s = step();
+    const PlaceStep s = step();
     EXPECT_EQ(s.a_host, 0u) << "step " << i;
     EXPECT_EQ(s.b_host, 64 * mib) << "step " << i;
   }
   for (int i = 4; i < 6; ++i) {
-    const Step s = step();
+    const PlaceStep s = step();
     EXPECT_EQ(s.a_host, 64 * mib) << "step " << i;
     EXPECT_EQ(s.b_host, 0u) << "step " << i;
+  }
+}
+
+// Where A's kernel runs 16 blocks, its launches over host memory take 16
+// times as long: once the plan has put A off the device and timed it there
+// (24 times as slow per byte and pass as B's, which counts A as 24 passes),
+// B, the kernel that streams its memory, takes the spill again.
+TEST_F(Measured, AKernelSlowOverHostMemoryGetsTheDeviceBack) {
+  for (int i = 0; i < 4; ++i) {
+    const PlaceStep s = step(16);
+    EXPECT_EQ(s.a_host, 0u) << "step " << i;
+    EXPECT_EQ(s.b_host, 64 * mib) << "step " << i;
+  }
+  const PlaceStep tried = step(16);  // A was never timed off the device: it counts as its passes
+  EXPECT_EQ(tried.a_host, 64 * mib);
+  EXPECT_EQ(tried.b_host, 0u);
+  for (int i = 5; i < 7; ++i) {
+    const PlaceStep s = step(16);
+    EXPECT_EQ(s.a_host, 0u) << "step " << i;
+    EXPECT_EQ(s.b_host, 64 * mib) << "step " << i;
   }
 }
 

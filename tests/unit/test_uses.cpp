@@ -475,13 +475,16 @@ TEST(Uses, APlanWithoutAVerdictOrNotAPlanLeavesTheTrialToRun) {
   Job early(true, 64 * mib);
   for (int i = 0; i < ordered_steps; ++i) early.step();
   EXPECT_EQ(early.uses().remembered(), "");
-  const std::string bad[] = {"", "gmem plan v2\n", "gmem plan v1\ndevice 0 kept untried 1 2 3\n",
-                             "gmem plan v1\ndevice 0 planned untried 1 2 3 4\n",
-                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nkind 5 1 128 1 1 1 0 0\n",
-                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 2 1 0\n",
-                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nwhat\n",
+  const std::string bad[] = {"", "gmem plan v3\n",
+                             // An older version's (v1: no GPU time over host memory per kind).
+                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\n",
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3\n",
+                             "gmem plan v2\ndevice 0 planned untried 1 2 3 4\n",
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 1 128 1 1 1 0 0 0\n",
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 0 2 1 0\n",
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nwhat\n",
                              // More numbers at the peak than kinds are kept: refused before they are read.
-                             "gmem plan v1\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 99999999999 0\n"};
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 0 99999999999 0\n"};
   for (const std::string& text : bad) {
     Job job(true, 64 * mib);
     EXPECT_FALSE(job.uses().remember(text)) << text;
@@ -490,7 +493,7 @@ TEST(Uses, APlanWithoutAVerdictOrNotAPlanLeavesTheTrialToRun) {
     EXPECT_TRUE(job.uses().plans(0)) << "the trial runs: " << text;
   }
   Job figures_only(false, 64 * mib);
-  EXPECT_FALSE(figures_only.uses().remember("gmem plan v1\ndevice 0 kept untried 1 2 3 4\n"));
+  EXPECT_FALSE(figures_only.uses().remember("gmem plan v2\ndevice 0 kept untried 1 2 3 4\n"));
 }
 
 // Eviction (evict:tried) is tried once the plan's trial has ended: two steps
