@@ -102,7 +102,9 @@
     "1: with pool:vmm and track_access, once a device spills and its steps repeat, " \
     "the large allocations alive at its peak use that kernels pass over least are "  \
     "placed off the device when requested, as much as the device lacked at the last "\
-    "peak; the plan is tried for three steps after four in the order requested and " \
+    "peak (launches over host memory are timed on the GPU: passes over a kind whose "\
+    "kernels ran there 1.5x slower per byte than the fastest count that much more); "\
+    "the plan is tried for three steps after four in the order requested and " \
     "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
   X(recall_steps, flag, "1",                                                         \

@@ -63,6 +63,32 @@ TEST(Uses, ALifePartlyUncountedIsLeftOut) {
   EXPECT_EQ(uses.of(128 * mib), (Uses::Figures{1, 2, 2, 0}));
 }
 
+// A timed launch's GPU time goes to the kinds of the followed allocations it
+// referenced in host memory, by their bytes there (Pool::timed): none to one
+// all on the device, nor to a range no request was served in.
+TEST(Uses, ALaunchsGpuTimeIsChargedToTheKindsItReadInHostMemoryByTheirBytesThere) {
+  AccessTable table;
+  Uses uses(&table);
+  const CUdeviceptr x = base, y = base + 128 * mib, z = base + 384 * mib, w = base + 512 * mib;
+  table.add(x, 128 * mib, 0, 96 * mib, 0);
+  table.add(y, 256 * mib, 0, 32 * mib, 0);
+  table.add(z, 128 * mib, 0, 0, 0);
+  table.add(w, 128 * mib, 0, 64 * mib, 0);  // not served: not followed
+  serve(uses, x, 128 * mib);
+  serve(uses, y, 256 * mib);
+  serve(uses, z, 128 * mib);
+  const std::vector<RangeReference> refs = {{x, 0, 96 * mib}, {y, 8, 32 * mib}, {z, 0, 0}, {w, 0, 64 * mib}};
+  const std::vector<LaunchClock::Charge> charges = uses.charges(refs);
+  ASSERT_EQ(charges.size(), 2u);
+  EXPECT_EQ(charges[0].host, 96 * mib);
+  EXPECT_EQ(charges[1].host, 32 * mib);
+  uses.ran(charges, 400);
+  uses.ran({}, 1000);  // charged to none
+  for (const auto& [at, size] : {std::pair{x, 128 * mib}, {y, 256 * mib}, {z, 128 * mib}}) uses.freed(at, size);
+  EXPECT_EQ(uses.of(128 * mib).ran_ns, 300'000u) << "x's three quarters; z none";
+  EXPECT_EQ(uses.of(256 * mib).ran_ns, 100'000u);
+}
+
 TEST(Uses, SmallAllocationsAndAddressesInsideARangeAreNotFollowed) {
   AccessTable table;
   Uses uses(&table);
