@@ -1,6 +1,9 @@
 // Timed launches until the device has run them (pool/launch_timing.h).
 #include "pool/launch_timing.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace gmem::pool {
 
 LaunchClock::~LaunchClock() {
@@ -11,15 +14,17 @@ LaunchClock::~LaunchClock() {
 }
 
 LaunchClock::Events LaunchClock::events() {
+  Events e;
+  if (driver_.cuCtxGetCurrent(&e.context) != CUDA_SUCCESS || !e.context) return {};
   {
     std::lock_guard lock(mutex_);
-    if (!spare_.empty()) {
-      const Events e = spare_.back();
-      spare_.pop_back();
+    const auto it = std::find_if(spare_.rbegin(), spare_.rend(), [&](const Events& s) { return s.context == e.context; });
+    if (it != spare_.rend()) {
+      e = *it;
+      spare_.erase(std::next(it).base());
       return e;
     }
   }
-  Events e;
   if (driver_.cuEventCreate(&e.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return {};
   if (driver_.cuEventCreate(&e.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
     driver_.cuEventDestroy_v2(e.start);
@@ -28,7 +33,11 @@ LaunchClock::Events LaunchClock::events() {
   return e;
 }
 
-void LaunchClock::give_back(Events events) {
+void LaunchClock::give_back(Events events, bool recorded) {
+  if (!recorded) {
+    for (CUevent event : {events.start, events.end}) driver_.cuEventDestroy_v2(event);
+    return;
+  }
   std::lock_guard lock(mutex_);
   spare_.push_back(events);
 }

@@ -46,6 +46,7 @@ class LaunchClock {
   };
   struct Events {
     CUevent start = nullptr, end = nullptr;
+    CUcontext context = nullptr;  // they were made in
   };
 
   // Events are not queried while `quiet` says so (a stream captures).
@@ -55,11 +56,12 @@ class LaunchClock {
   LaunchClock(const LaunchClock&) = delete;
   LaunchClock& operator=(const LaunchClock&) = delete;
 
-  // Two events with timing (spare ones, or made in the calling thread's
-  // context); none where they cannot be made.
+  // Two events with timing in the calling thread's context (spare ones, or
+  // made there); none where they cannot be made.
   Events events();
-  // Events not recorded as a pair go back to the spares.
-  void give_back(Events events);
+  // Events not used as a pair go back to the spares where `recorded`
+  // (else they are destroyed: their context may be gone).
+  void give_back(Events events, bool recorded);
   // A launch between `events`, both recorded, waits for the device.
   void add(Events events, Ran ran);
   // The launches the device has run since the last call, in the order added
@@ -80,7 +82,7 @@ class LaunchTiming {
  public:
   explicit LaunchTiming(LaunchClock& clock) : clock_(clock), events_(clock.events()) {}
   ~LaunchTiming() {
-    if (events_.start) clock_.give_back(events_);
+    if (events_.start) clock_.give_back(events_, started_);
   }
   LaunchTiming(const LaunchTiming&) = delete;
   LaunchTiming& operator=(const LaunchTiming&) = delete;
@@ -89,9 +91,9 @@ class LaunchTiming {
   template <typename Submit>
   CUresult around(CUstream stream, Submit&& submit) {
     const vmm::Driver& driver = clock_.driver();
-    const bool started = events_.start && driver.cuEventRecord(events_.start, stream) == CUDA_SUCCESS;
+    started_ = events_.start && driver.cuEventRecord(events_.start, stream) == CUDA_SUCCESS;
     const CUresult status = submit();
-    ended_ = started && status == CUDA_SUCCESS && driver.cuEventRecord(events_.end, stream) == CUDA_SUCCESS;
+    ended_ = started_ && status == CUDA_SUCCESS && driver.cuEventRecord(events_.end, stream) == CUDA_SUCCESS;
     return status;
   }
 
@@ -105,7 +107,7 @@ class LaunchTiming {
  private:
   LaunchClock& clock_;
   LaunchClock::Events events_;
-  bool ended_ = false;
+  bool started_ = false, ended_ = false;
 };
 
 }  // namespace gmem::pool
