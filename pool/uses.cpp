@@ -239,7 +239,7 @@ void Uses::plan(int device) {
     if (k.device != device) continue;
     k.off_whole = 0;
     k.off_part = 0;
-    k.slow = link && k.ran_per_pass() >= slower * link;
+    k.slow = slow(k, link);
     if (k.at_peak() && k.figures.allocations) alive.push_back(&k);
   }
   auto cost = [&](const Kind* k) { return cost_off_device(*k, link); };
@@ -300,17 +300,24 @@ double Uses::Kind::ran_per_pass() const {
 }
 
 double Uses::fastest_over_host(int device) const {
+  auto host_per_allocation = [](const Kind& k) { return k.figures.host_bytes / std::max<uint64_t>(k.figures.allocations, 1); };
+  uint64_t most = 0;
+  for (const auto& [id, k] : kinds_) {
+    if (k.device == device && k.ran_per_pass()) most = std::max(most, host_per_allocation(k));
+  }
   double fastest = 0;
   for (const auto& [id, k] : kinds_) {
-    const double ran = k.device == device ? k.ran_per_pass() : 0;
+    const double ran = k.device == device && host_per_allocation(k) * 8 >= most ? k.ran_per_pass() : 0;
     if (ran && (!fastest || ran < fastest)) fastest = ran;
   }
   return fastest;
 }
 
+bool Uses::slow(const Kind& k, double link) { return link && k.ran_per_pass() >= slower * link; }
+
 double Uses::cost_off_device(const Kind& k, double link) {
   const double passes = double(k.figures.passes) / double(std::max<uint64_t>(k.figures.allocations, 1));
-  return k.slow ? passes * k.ran_per_pass() / link : passes;
+  return slow(k, link) ? passes * k.ran_per_pass() / link : passes;
 }
 
 std::vector<LaunchClock::Charge> Uses::charges(const std::vector<RangeReference>& refs) const {

@@ -254,8 +254,7 @@ class Uses {
     // Its launches' GPU time over host memory per byte it held there and
     // pass (ns; Figures::ran_ns), where measured (0: not).
     double ran_per_pass() const;
-    // At the last plan: ran_per_pass was at least `slower` times the
-    // fastest of its device's kinds (fastest_over_host).
+    // At the last plan: Uses::slow.
     bool slow = false;
     uint32_t at_peak() const { return uint32_t(peak.size()); }
   };
@@ -338,10 +337,20 @@ class Uses {
   // A kind measured over host memory at least this many times slower per
   // byte and pass than the device's fastest counts as that much hotter.
   static constexpr double slower = 1.5;
-  // The least Kind::ran_per_pass of `device`'s kinds measured (0: none); under mutex_.
+  // The least Kind::ran_per_pass of `device`'s kinds measured with at least
+  // an 8th of the most bytes in host memory per allocation of any (0: none);
+  // under mutex_. Small ones are left out: on the GCN at 31G on an H200 the
+  // fastest kind timed was a small one, at 85 GB/s a pass (faster than the
+  // link: its kernels read less of it than it held in host memory), and
+  // against it both 26.6 GB products the index_add_ reads counted as slow
+  // (docs/results.md, fifty-third session); slow kinds take the device's
+  // free memory first (Request::device_first), from each other then in the
+  // order requested.
   double fastest_over_host(int device) const;
-  // What a byte of `k` off the device costs, in passes over it at `link`
-  // (fastest_over_host, from which Kind::slow was set) per byte and pass.
+  // Whether `k` ran over host memory at least `slower` times as long per
+  // byte and pass as `link` (fastest_over_host).
+  static bool slow(const Kind& k, double link);
+  // What a byte of `k` off the device costs, in passes over it at `link` per byte and pass.
   static double cost_off_device(const Kind& k, double link);
   void forget_old_kinds();  // under mutex_
 

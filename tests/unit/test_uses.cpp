@@ -89,6 +89,36 @@ TEST(Uses, ALaunchsGpuTimeIsChargedToTheKindsItReadInHostMemoryByTheirBytesThere
   EXPECT_EQ(uses.of(256 * mib).ran_ns, 100'000u);
 }
 
+// Against the fastest kind timed over host memory, a kind at least 1.5 times
+// slower there per byte and pass counts that many more passes; kinds with
+// less than an 8th of the most bytes there per allocation do not set the
+// pace (their kernels may read less of them than they hold there).
+TEST(Uses, AKindSlowOverHostMemoryCountsAsMorePasses) {
+  AccessTable table;
+  Uses uses(&table, true);
+  const CUdeviceptr x = base, y = base + 1024 * mib, z = base + 2048 * mib;
+  table.add(x, 1024 * mib, 0, 1024 * mib, 0);
+  table.add(y, 1024 * mib, 0, 1024 * mib, 0);
+  table.add(z, 64 * mib, 0, 64 * mib, 0);
+  for (CUdeviceptr at : {x, y, z}) serve(uses, at, at == z ? 64 * mib : 1024 * mib);
+  uses.peak(0, 0);
+  for (CUdeviceptr at : {x, y, z}) launch(table, at);  // a pass each
+  uses.ran(uses.charges({{x, 0, 1024 * mib}}), 1024);  // 1 us a MiB
+  uses.ran(uses.charges({{y, 0, 1024 * mib}}), 2048);  // twice as long
+  uses.ran(uses.charges({{z, 0, 64 * mib}}), 16);      // a quarter as long, but small
+  for (CUdeviceptr at : {x, y, z}) uses.freed(at, at == z ? 64 * mib : 1024 * mib);
+  const std::string report = uses.report();
+  EXPECT_NE(report.find("size=1073741824 at_peak=1 allocs=1 passes_per_alloc=1.0 off_device=0.00 host_share=1.00 "
+                        "host_ms_per_gb_pass=1.0 cost=1.0\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("host_ms_per_gb_pass=1.9 cost=2.0\n"), std::string::npos) << report;  // per 10^9 bytes
+  EXPECT_NE(report.find("size=67108864 at_peak=1 allocs=1 passes_per_alloc=1.0 off_device=0.00 host_share=1.00 "
+                        "host_ms_per_gb_pass=0.2 cost=1.0\n"),
+            std::string::npos)
+      << report;
+}
+
 TEST(Uses, SmallAllocationsAndAddressesInsideARangeAreNotFollowed) {
   AccessTable table;
   Uses uses(&table);
