@@ -340,12 +340,14 @@ class Uses {
   // The least Kind::ran_per_pass of `device`'s kinds measured with at least
   // an 8th of the most bytes in host memory per allocation of any (0: none);
   // under mutex_. Small ones are left out: on the GCN at 31G on an H200 the
-  // fastest kind timed was a small one, at 85 GB/s a pass (faster than the
-  // link: its kernels read less of it than it held in host memory), and
-  // against it both 26.6 GB products the index_add_ reads counted as slow
-  // (docs/results.md, fifty-third session); slow kinds take the device's
-  // free memory first (Request::device_first), from each other then in the
-  // order requested.
+  // fastest kind timed, smaller than those report:1 listed, ran at 85 GB/s a
+  // pass (faster than the link: its kernels read less of it than it held in
+  // host memory), and against it both of the forward's 26.6 GB products
+  // counted as slow, where against the large kinds only the index_add_'s
+  // source did, 1.7x slower per byte than the other (docs/results.md,
+  // fifty-third session). Slow kinds take the device's free memory first
+  // (Request::device_first): several take it from each other, in the order
+  // requested.
   double fastest_over_host(int device) const;
   // Whether `k` ran over host memory at least `slower` times as long per
   // byte and pass as `link` (fastest_over_host).
