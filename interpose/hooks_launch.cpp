@@ -213,13 +213,13 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
 }
 
 // Whether a launch is timed (Pool::clock): where some of the large ranges it
-// references lie in host memory. None is while a stream captures: the
-// events of a timing, made and recorded, would join a capture on the
-// launch's stream, and beside one in the global mode the pool queries no
-// event.
+// references lie in host memory (its words are not walked for it while no
+// device spills). None is while a stream captures: the events of a timing,
+// made and recorded, would join a capture on the launch's stream, and beside
+// one in the global mode the pool queries no event.
 bool timed(gmem::pool::Pool& pool, CUfunction f, void** params, void** extra) {
   const gmem::pool::AccessTable* table = pool.access();
-  if (!pool.clock() || !table->counting() || pool.capture_running()) return false;
+  if (!pool.clock() || !pool.tiers()->any_spilled() || !table->counting() || pool.capture_running()) return false;
   return !references(*table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
             return r.size() >= gmem::pool::large_range && r.host_bytes();
           }).empty();

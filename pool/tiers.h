@@ -68,6 +68,8 @@ class Tiers final : public vmm::ChunkObserver {
   std::size_t host_chunk(int device, std::size_t want);
   // Whether any chunk of `device` lives in a tier (cheap: one atomic load).
   bool spilled(int device) const;
+  // Whether any device's does (as cheap).
+  bool any_spilled() const { return spilled_devices_.load(std::memory_order_relaxed) != 0; }
   // The bytes of [base, base + size) that lie in peer and host chunks.
   Split split(CUdeviceptr base, std::size_t size) const;
   // With mem_info:tiers, cuMemGetInfo adds what the tiers may still hold.
