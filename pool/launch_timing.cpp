@@ -7,9 +7,13 @@
 namespace gmem::pool {
 
 LaunchClock::~LaunchClock() {
-  for (auto& [events, ran] : pending_) spare_.push_back(events);
-  for (const Events& e : spare_) {
-    for (CUevent event : {e.start, e.end}) driver_.cuEventDestroy_v2(event);
+  for (auto& [events, ran] : pending_) destroy(events);
+  for (const Events& e : spare_) destroy(e);
+}
+
+void LaunchClock::destroy(const Events& events) {
+  for (CUevent event : {events.start, events.end}) {
+    if (event) driver_.cuEventDestroy_v2(event);
   }
 }
 
@@ -25,19 +29,16 @@ LaunchClock::Events LaunchClock::events() {
       return e;
     }
   }
-  if (driver_.cuEventCreate(&e.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return {};
-  if (driver_.cuEventCreate(&e.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-    driver_.cuEventDestroy_v2(e.start);
-    return {};
+  if (driver_.cuEventCreate(&e.start, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+      driver_.cuEventCreate(&e.end, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
+    return e;
   }
-  return e;
+  destroy(e);
+  return {};
 }
 
 void LaunchClock::give_back(Events events, bool recorded) {
-  if (!recorded) {
-    for (CUevent event : {events.start, events.end}) driver_.cuEventDestroy_v2(event);
-    return;
-  }
+  if (!recorded) return destroy(events);
   std::lock_guard lock(mutex_);
   spare_.push_back(events);
 }

@@ -70,6 +70,8 @@ class LaunchClock {
   const vmm::Driver& driver() const { return driver_; }
 
  private:
+  void destroy(const Events& events);  // those made
+
   const vmm::Driver& driver_;
   const std::function<bool()> quiet_;
   std::mutex mutex_;

@@ -122,8 +122,8 @@ class Pool {
                    : nullptr),
         bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in
                                                                                                  : BringIn::off),
-        ledger_(publisher_.get()),
-        clock_(access_ && place_by_use ? std::make_unique<LaunchClock>(driver_, [this] { return quiet(); }) : nullptr) {
+        ledger_(publisher_.get()) {
+    if (place_by_use) time_launches();
     if (mover_) vmm_->observe_spills(mover_.get());
     if (evictor_ && park) vmm_->park_evictions();
     if (bring_in_ == BringIn::tried) uses_.try_bring_in();
@@ -229,7 +229,7 @@ class Pool {
   // use), with the launches timed (with track_access).
   void record_trace(std::unique_ptr<TraceRecorder> trace) {
     trace_ = std::move(trace);
-    if (access_ && !clock_) clock_ = std::make_unique<LaunchClock>(driver_, [this] { return quiet(); });
+    time_launches();
   }
   TraceRecorder* trace() const { return trace_.get(); }  // null: no trace
   // What times launches over host memory (pool/launch_timing.h), with
@@ -259,6 +259,10 @@ class Pool {
   CUresult before_free(CUdeviceptr ptr);
   // The launches timed that the device has run: charged, and written.
   void settle_timed();
+  // Launches over host memory are timed from now (with track_access).
+  void time_launches() {
+    if (access_ && !clock_) clock_ = std::make_unique<LaunchClock>(driver_, [this] { return quiet(); });
+  }
   // While any stream captures, the pool neither queries events nor waits.
   bool quiet() const { return captures_.load(std::memory_order_relaxed) > 0; }
   // The device whose default memory pool `mempool` is; nullopt if none.
