@@ -121,6 +121,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   d.at_step = work;
   d.last_step_ns = step;
   if (!step) return;
+  const auto pinned = int64_t(d.last_step.spill_ns);
   switch (d.trial) {
     case Trial::ordered:
       d.ordered_ns = d.ordered_ns ? std::min(d.ordered_ns, step) : step;
@@ -130,7 +131,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case Trial::planned:
-      if (d.plan_timed.next(step, &d.planned_ns)) {
+      if (d.plan_timed.next(step, pinned, &d.planned_ns)) {
         d.trial = d.planned_ns * 20 <= d.ordered_ns * 19 ? Trial::kept : Trial::dropped;
       }
       break;
@@ -148,7 +149,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       }
       break;
     case BringInTrial::trying:
-      if (int64_t mean = 0; d.bring_in_timed.next(step, &mean)) judge_bring_in(device, d, mean);  // the first settles it
+      if (int64_t mean = 0; d.bring_in_timed.next(step, pinned, &mean)) judge_bring_in(device, d, mean);
       break;
     case BringInTrial::kept:
     case BringInTrial::dropped:
@@ -159,14 +160,14 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
       // From the plan's verdict, two steps placed as it says are timed first
       // (counted from the verdict's step).
       if (evict_ != Evict::tried || (d.trial != Trial::kept && d.trial != Trial::dropped)) break;
-      if (d.evict_timed.next(step, &d.placed_ns)) {
+      if (d.evict_timed.next(step, pinned, &d.placed_ns)) {
         d.evict = EvictTrial::trying;
         d.evict_timed = {};
         if (switched_) switched_(device);
       }
       break;
     case EvictTrial::trying:
-      if (int64_t mean = 0; d.evict_timed.next(step, &mean)) judge_evict(device, d, mean);  // the first settles it
+      if (int64_t mean = 0; d.evict_timed.next(step, pinned, &mean)) judge_evict(device, d, mean);
       break;
     case EvictTrial::kept:
     case EvictTrial::dropped:

@@ -41,9 +41,9 @@
 // a 64th of their peak once a step, after falling below half of it), the time
 // from peak to peak in the order requested (the shorter of two steps) is
 // measured against the mean of two steps with the plan (after one to
-// settle), and the plan is kept only if that is at least 5% shorter. A mean
-// of two steps in a row: a step timed from peak to peak is short or long as
-// the peak moves within it (the LM's steps with its plan alternated 3.9 and
+// settle, or up to three while they pin host memory: Timed), and the plan
+// is kept only if that is at least 5% shorter. A mean of two steps in a
+// row: a step timed from peak to peak is short or long as the peak moves within it (the LM's steps with its plan alternated 3.9 and
 // 6.1 s, 5.0 s each: docs/results.md, thirty-second session). A step ends
 // once the device has caught up to its end (Pool synchronizes the stream of
 // the request that ends it, ends_step): the program's thread runs ahead of
@@ -271,14 +271,28 @@ class Uses {
   enum class BringInTrial { untried, trying, kept, dropped };
   // Eviction (evict:tried): waiting for the plan's verdict, on trial, then kept or dropped.
   using EvictTrial = BringInTrial;
-  // The steps one trial times: the first settles it, the next two are timed.
+  // The steps one trial times: the first settles it, and so does each next
+  // one that spent at least a 20th of its time making chunks in host memory
+  // (Work::spill_ns), up to `settling` steps in all; the two after them are
+  // timed. A trial that changes what lies in host memory pins the chunks its
+  // layout needs in its first steps, once (pinned chunks are kept): the GCN
+  // capped at 31G on an H200 pinned 3.2 s of a 5.4 s step of the plan's
+  // trial, which was dropped on steps as long as the order requested's
+  // (docs/results.md, fifty-third session).
   struct Timed {
-    int steps = 0;
+    static constexpr int settling = 3;
+    int steps = 0;         // since the trial began
+    int timed = 0;         // of them, timed
     int64_t first_ns = 0;  // the first of the two timed
-    // One more step, lasting `step`: true at the third, with `*mean` the mean of the second and third.
-    bool next(int64_t step, int64_t* mean) {
-      if (++steps == 2) first_ns = step;
-      if (steps != 3) return false;
+    // One more step, lasting `step`, `pinned` of it making chunks in host
+    // memory: true at the second timed, with `*mean` the mean of the two.
+    bool next(int64_t step, int64_t pinned, int64_t* mean) {
+      ++steps;
+      if (!timed && (steps == 1 || (steps <= settling && pinned * 20 >= step))) return false;
+      if (++timed == 1) {
+        first_ns = step;
+        return false;
+      }
       *mean = (first_ns + step) / 2;
       return true;
     }

@@ -167,7 +167,7 @@ TEST(Uses, KindsLongUnusedAreForgotten) {
 // memory (a peer's, with `peer`). At each peak the device had `room` bytes
 // left. Each step asks the driver for 3 maps and 2 ranges (misses) in 7 ms of
 // its calls, 6 ms of them mapping, 5 ms in one range counted slow, and 2 ms
-// making chunks in host memory.
+// (pinned_ns) making chunks in host memory.
 class Job {
  public:
   explicit Job(bool place, std::size_t room, bool peer = false) : uses_(&table_, place), room_(room) {
@@ -201,11 +201,12 @@ class Job {
     work_.map_ns += 6'000'000;
     work_.slow_maps += 1;
     work_.slow_map_ns += 5'000'000;
-    work_.spill_ns += 2'000'000;
+    work_.spill_ns += pinned_ns;
     return off;
   }
   Uses& uses() { return uses_; }
   std::vector<bool> ends;  // each request's ends_step, before it was served
+  int64_t pinned_ns = 2'000'000;  // of each step, making chunks in host memory
 
  private:
   static constexpr CUdeviceptr a = base, b = base + 128 * mib, t = base + 320 * mib;
@@ -388,6 +389,29 @@ TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
     EXPECT_FALSE(job.uses().plans(1)) << "a device never seen";
     EXPECT_NE(job.uses().report().find(kept ? "trial=kept ordered_step_ms=100.0" : "trial=dropped ordered_step_ms=100.0"),
               std::string::npos) << job.uses().report();
+  }
+}
+
+// A step of a trial that spent a 20th of its time or more making chunks in
+// host memory settles it too (its layout's chunks are pinned once), up to
+// three in all; the two after them are timed.
+TEST(Uses, StepsThatPinHostMemorySettleTheTrial) {
+  for (const int pinning : {0, 1, 2, 3}) {
+    Job job(true, 64 * mib);
+    for (int i = 0; i < ordered_steps; ++i) job.step(i == 2 ? 100'000'000 : 150'000'000);  // shortest: 100 ms
+    ASSERT_TRUE(job.uses().plans(0));
+    // The plan's steps after the first: `pinning` of 140 ms pinning for 7 ms
+    // (a 20th), then 90 ms ones. Up to two of them settle the trial with the
+    // first, and two of 90 ms are timed (kept: 5% shorter than 100); a third
+    // is timed with the next (115 ms: dropped).
+    for (int i = 0; i < 6; ++i) {
+      job.pinned_ns = i < pinning ? 7'000'000 : 2'000'000;
+      job.step(i < pinning ? 140'000'000 : 90'000'000);
+    }
+    const bool kept = pinning < 3;
+    EXPECT_EQ(job.uses().plans(0), kept) << pinning << " steps pinning";
+    EXPECT_NE(job.uses().report().find(kept ? "planned_step_ms=90.0" : "planned_step_ms=115.0"), std::string::npos)
+        << pinning << " steps pinning: " << job.uses().report();
   }
 }
 
