@@ -54,9 +54,9 @@
 //
 // Bringing a launch's spilled references onto the device first where it has
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
-// has dropped the plan: three steps with it (the first settles), kept only if
-// the mean of the second and third is shorter than the shortest in the order
-// requested, or dropped as soon as a step after the first has lasted twice
+// has dropped the plan: steps with it, the first settling (and more, as
+// Timed says), kept only if the mean of the next two is shorter than the
+// shortest in the order requested, or dropped as soon as a step after the first has lasted twice
 // that long (the LM's took 31 s against 5.0, and the trial's steps cost it
 // about 18 s in all). Not the first: it pays for the switch, the ranges
 // brought in as the launches first meet them (the GCN at 1.6x an H100 capped
@@ -75,9 +75,9 @@
 // Moving live memory off the device and back while it spills (evict:tried,
 // pool/evictor.h) is tried the same way once the plan's trial has ended
 // (kept or dropped) and two more steps placed as its verdict says have been
-// timed: three steps with the evictor moving and no request placed off the
-// device by the plan (the first settles), kept only if the mean of the
-// second and third is at least 5% shorter than the mean of those two, or
+// timed: steps with the evictor moving and no request placed off the device
+// by the plan, the first settling (and more, as Timed says), kept only if the
+// mean of the next two is at least 5% shorter than the mean of those two, or
 // dropped as soon as a step after the first has lasted twice as long (not
 // the first: the switch from the plan's placement costs it; the LM's took
 // 7.8 s from peak to peak against the plan's 3.9). Means of two steps in a

@@ -104,8 +104,8 @@
     "placed off the device when requested, as much as the device lacked at the last "\
     "peak (launches over host memory are timed on the GPU: passes over a kind whose "\
     "kernels ran there 1.5x slower per byte than the fastest count that much more); "\
-    "the plan is tried for three steps after four in the order requested and " \
-    "kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
+    "the plan is tried for three steps (more while they pin host memory) after "     \
+    "four in the order requested and kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
   X(recall_steps, flag, "1",                                                         \
     "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
@@ -133,7 +133,7 @@
     "it on the device, one of a range on its way back waits for it, and the job is "  \
     "never held while the device drains. While it evicts, an allocation that lay "    \
     "off the device since it was requested comes back too, as room opens. tried: "    \
-    "the same, with place_by_use, on trial for three steps once placing by use's "    \
+    "the same, with place_by_use, on trial for three steps (more while they pin host memory) once placing by use's "    \
     "trial has ended and two more steps have been timed as its verdict places them, " \
     "and from then on only if the mean of its second and third steps was at least "   \
     "5% shorter than theirs (report:1 prints the trial); 0: never. "                  \
@@ -153,8 +153,8 @@
     "waits while that memory is copied onto the device, where the device has room "  \
     "for all of it (free chunks, or its budget); the program's calls pause "          \
     "meanwhile, as for migrate_after_ms. tried: with place_by_use, once its trial "    \
-    "dropped the plan, for three steps, and from then on only if the mean of the "    \
-    "last two was shorter than the shortest in the order requested; always: at "     \
+    "dropped the plan, for three steps (more while they pin host memory), and "     \
+    "from then on only if the mean of the last two was shorter than the shortest in the order requested; always: at "     \
     "every such launch; off: never")                                                  \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
