@@ -108,6 +108,16 @@ bool parse_value(std::string_view text, config_type::millis& out, std::string& e
   return true;
 }
 
+bool parse_value(std::string_view text, config_type::gbps& out, std::string& expected) {
+  expected = "a rate in GB/s from 0 to 100000";
+  std::string copy(text);
+  char* end = nullptr;
+  const double value = std::strtod(copy.c_str(), &end);
+  if (copy.empty() || *end || !(value >= 0 && value <= 100000)) return false;
+  out.value = value;
+  return true;
+}
+
 bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {
   expected = "an absolute path";
   if (text.empty() || text.front() != '/') return false;

@@ -21,6 +21,9 @@ using mem_info = pool::MemInfo;
 using bring_in = pool::BringIn;
 using evict = pool::Evict;
 using millis = std::chrono::milliseconds;
+struct gbps {
+  double value = 0;  // GB/s
+};
 // An absolute path, or empty: the default place (socket), nothing (file).
 struct optional_path {
   std::string path;

@@ -209,7 +209,7 @@ void count(gmem::pool::Pool& pool, gmem::pool::AccessTable& table, CUfunction f,
   gmem::pool::LaunchReferences refs(table, f, pool.trace(), timing != nullptr);
   visit_words(f, params, extra, [&](uint64_t word) { refs.word(word); });
   const uint64_t use = refs.finish(pool.publisher());
-  if (timing) pool.timed(*timing, use, refs.large());
+  if (timing) pool.timed(*timing, f, use, refs.large());
 }
 
 // Whether a launch is timed (Pool::clock): where some of the large ranges it
@@ -242,14 +242,17 @@ const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& 
   return found;
 }
 
-// With Pool::brings_in: the ranges a launch references that lie in host
-// memory (Pool::bring_in_least bytes or more) come onto the device before it
-// is submitted, each where the device has room for all of it.
+// With Pool::brings_in, or for a kernel Pool::slow_launch says is `slow`: the
+// ranges a launch references that lie in host memory (Pool::bring_in_least
+// bytes or more) come onto the device before it is submitted, each where the
+// device has room for all of it.
 void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
-              void** extra) {
-  pool.bring_in(references(table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
-    return r.host_bytes() >= gmem::pool::Pool::bring_in_least;
-  }));
+              void** extra, bool slow) {
+  pool.bring_in(references(table, f, params, extra,
+                           [](const gmem::pool::AccessRecord& r) {
+                             return r.host_bytes() >= gmem::pool::Pool::bring_in_least;
+                           }),
+                slow);
 }
 
 // A submitting `call`, gated; `counted` once the driver took it, with the
@@ -292,9 +295,14 @@ CUresult submit(bool launch, Moving&& moving, Call&& call, Counted&& counted) {
 template <typename Call>
 CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool per_thread, Call&& call) {
   gmem::pool::Pool* pool = gmem::active_pool();
-  if (pool && pool->brings_in() && pool->access()->counting()) bring_in(*pool, *pool->access(), f, params, extra);
+  bool over_host = pool && pool->access() && timed(*pool, f, params, extra);
+  const bool slow = over_host && pool->slow_launch(f);
+  if (pool && (slow || pool->brings_in()) && pool->access()->counting()) {
+    bring_in(*pool, *pool->access(), f, params, extra, slow);
+    over_host = timed(*pool, f, params, extra);  // what came in is not timed
+  }
   std::optional<gmem::pool::LaunchTiming> timing;
-  if (pool && pool->access() && timed(*pool, f, params, extra)) timing.emplace(*pool->clock());
+  if (over_host) timing.emplace(*pool->clock());
   // The events go on the stream the launch went to (the thread's own default one, for a _ptsz call's 0).
   const CUstream on = per_thread && !stream ? CU_STREAM_PER_THREAD : stream;
   return submit(

@@ -35,10 +35,11 @@ class LaunchClock {
     uint64_t kind = 0;
     std::size_t host = 0;
   };
-  // A timed launch: its use line in the trace (no_use: none), the bytes its
-  // large references held in host memory when it was submitted, the kinds
-  // it is charged to; once run, its time on the GPU.
+  // A timed launch: its kernel, its use line in the trace (no_use: none),
+  // the bytes its large references held in host memory when it was
+  // submitted, the kinds it is charged to; once run, its time on the GPU.
   struct Ran {
+    CUfunction function = nullptr;
     uint64_t use = no_use;
     std::size_t host = 0;
     std::vector<Charge> charges;

@@ -179,11 +179,11 @@ void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   });
 }
 
-void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
+void Pool::bring_in(const std::vector<const AccessRecord*>& spilled, bool slow) {
   if (bring_in_ == BringIn::off || spilled.empty() || quiet()) return;
   const std::optional<Block> first = vmm_->find(spilled.front()->base());
   if (!first || !first->context) return;
-  if (bring_in_ == BringIn::tried && !uses_.brings_in(first->device)) return;
+  if (bring_in_ == BringIn::tried && !slow && !uses_.brings_in(first->device)) return;
   std::size_t room = vmm_->device_room(first->device);
   std::vector<CUdeviceptr> bases;
   for (const AccessRecord* r : spilled) {
@@ -195,8 +195,8 @@ void Pool::bring_in(const std::vector<const AccessRecord*>& spilled) {
   mover_->bring_in(bases, first->context);
 }
 
-void Pool::timed(LaunchTiming& timing, uint64_t use, const std::vector<RangeReference>& refs) {
-  LaunchClock::Ran ran{.use = use, .charges = uses_.charges(refs)};
+void Pool::timed(LaunchTiming& timing, CUfunction f, uint64_t use, const std::vector<RangeReference>& refs) {
+  LaunchClock::Ran ran{.function = f, .use = use, .charges = uses_.charges(refs)};
   for (const RangeReference& r : refs) ran.host += r.host;
   timing.done(std::move(ran));
   settle_timed();
@@ -206,7 +206,19 @@ void Pool::settle_timed() {
   for (const LaunchClock::Ran& ran : clock_->ran()) {
     uses_.ran(ran.charges, ran.us);
     if (trace_ && ran.use != LaunchClock::no_use) trace_->ran(ran.use, ran.us, ran.host);
+    if (slow_below_ && ran.function && ran.host >= bring_in_least) {
+      std::lock_guard lock(slow_mutex_);
+      slow_[ran.function] = double(ran.host) < slow_below_ * ran.us;
+    }
   }
+}
+
+bool Pool::slow_launch(CUfunction f) {
+  if (!slow_below_ || !clock_) return false;
+  settle_timed();
+  std::lock_guard lock(slow_mutex_);
+  const auto it = slow_.find(f);
+  return it != slow_.end() && it->second;
 }
 
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {

@@ -199,13 +199,29 @@ class Pool {
   }
   // Ranges of at least this many bytes in host memory are brought in.
   static constexpr std::size_t bring_in_least = large_range;
+  // With bring_in tried or always and launches timed: a kernel whose last
+  // timed launch ran at fewer than `gbps` GB/s over the bytes its large
+  // references held in host memory is slow, and its next launches bring
+  // their references in (bring_in) whatever bring_in's trial says (0: none
+  // is; set once, before use). A kernel that reads a range out of order
+  // runs far below the link's speed over host memory, where one that walks
+  // it streams at about the link's speed or, where it reads a part of a
+  // range, faster than the range's bytes over its time: on an H100 the GCN
+  // at 2x its 31G cap, placed by its kept plan, read its index_add_'s 26.6
+  // GB source in host memory at 16 GB/s (1667 ms of its 3.9 s steps), where
+  // its elementwise kernels ran at 500-800 GB/s of the ranges they
+  // referenced (docs/results.md, fifty-fourth session).
+  void bring_in_slow(double gbps) { slow_below_ = bring_in_ == BringIn::off ? 0 : gbps * 1e3; }
+  // Whether `f` is such a slow kernel (settles the timed launches first).
+  bool slow_launch(CUfunction f);
   // A launch is about to reference these ranges, each with at least
   // bring_in_least bytes in host memory (the launch hooks call it outside the
   // gate): those of the first one's device that the device has room for
   // (its free chunks and what its budget still allows) are brought onto it
   // first (Mover::bring_in), so that the kernel reads and writes them at the
   // device's speed rather than across PCIe. The device pauses meanwhile.
-  void bring_in(const std::vector<const AccessRecord*>& spilled);
+  // Unless `slow` (its kernel is: slow_launch), only while brings_in().
+  void bring_in(const std::vector<const AccessRecord*>& spilled, bool slow = false);
   // Parked memory (VmmPool::park_evictions) that a call is about to
   // reference, in the ranges overlapping [ptr, ptr + bytes): brought back by
   // the evictor where the device has room, else mapped onto its host chunks
@@ -235,11 +251,11 @@ class Pool {
   // What times launches over host memory (pool/launch_timing.h), with
   // track_access, and place_by_use or a trace; null: none is timed.
   LaunchClock* clock() const { return clock_.get(); }
-  // A launch whose large references were `refs` (LaunchReferences::large),
+  // A launch of `f` whose large references were `refs` (LaunchReferences::large),
   // written as use line `use` (LaunchClock::no_use: none), was `timing`:
   // once the device has run it, its time is charged to the kinds it read in
   // host memory (Uses::ran) and written to the trace.
-  void timed(LaunchTiming& timing, uint64_t use, const std::vector<RangeReference>& refs);
+  void timed(LaunchTiming& timing, CUfunction f, uint64_t use, const std::vector<RangeReference>& refs);
 
  private:
   Allocation describe(uint64_t key, std::size_t size, Kind kind, CUstream stream) const;
@@ -289,6 +305,9 @@ class Pool {
   Registry allocations_{ledger_};  // by device address
   Registry handles_{ledger_};      // physical allocations, by handle
   std::unique_ptr<LaunchClock> clock_;
+  double slow_below_ = 0;  // bytes per us (bring_in_slow)
+  std::mutex slow_mutex_;
+  std::unordered_map<CUfunction, bool> slow_;  // by kernel: its last timed launch was slow
 
   std::mutex primary_mutex_;
   std::unordered_map<CUdevice, CUcontext> primary_contexts_;

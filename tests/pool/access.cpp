@@ -105,6 +105,7 @@ using Repeat = Place;  // a process of its own: its steps start the trial afresh
 using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
 using BringIn = Place;  // bring_in:1, the mover's quiet a minute long
+using Slow = Place;     // bring_in:tried (its trial never begins), slow_launch:10, the mover's quiet a minute long
 using Remake = Place;   // as Repeat, in a process of its own
 
 // Two addresses in the spilled range count it once; the device range adds a
@@ -450,6 +451,30 @@ TEST_F(BringIn, ALaunchFindsItsSpilledReferencesOnTheDeviceOnceThereIsRoom) {
   ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
   EXPECT_EQ(figures().launches, before.launches + 1);
   EXPECT_EQ(figures().host, before.host);
+  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
+}
+
+// A kernel whose last launch ran over host memory below slow_launch's rate
+// (on the emulator a block takes a microsecond: 65536 blocks over a range
+// with 64 MiB in host memory run at 1 GB/s, one block at 67 TB/s) brings its
+// spilled references in at its next launch where the device has room,
+// though bring_in's trial never began; a fast one does not. The device
+// budget is 256 MiB: beside A (192 MiB), B (128 MiB) spills 64.
+TEST_F(Slow, AKernelSlowOverHostMemoryBringsItsReferencesInWhereThereIsRoom) {
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 192 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&b, 128 * mib), CUDA_SUCCESS);
+  ASSERT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  ASSERT_EQ(launch_two(b, 0, 0, 65536), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);  // slow, but the device is full: B stays as it lies
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  ASSERT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);  // the last was fast: B stays
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  ASSERT_EQ(launch_two(b, 0, 0, 65536), CUDA_SUCCESS);  // slow: the next brings B in
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 64 * mib);
+  ASSERT_EQ(launch_two(b, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(OwnStats().placement(b).host_bytes, 0u);
   EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
 }
 
