@@ -43,8 +43,8 @@
 // measured against the mean of two steps with the plan (after one to
 // settle, or up to three while they pin host memory: Timed), and the plan
 // is kept only if that is at least 5% shorter. A mean of two steps in a
-// row: a step timed from peak to peak is short or long as the peak moves within it (the LM's steps with its plan alternated 3.9 and
-// 6.1 s, 5.0 s each: docs/results.md, thirty-second session). A step ends
+// row: a step timed from peak to peak is short or long as the peak moves
+// within it (the LM's steps with its plan alternated 3.9 and 6.1 s, 5.0 s each: docs/results.md, thirty-second session). A step ends
 // once the device has caught up to its end (Pool synchronizes the stream of
 // the request that ends it, ends_step): the program's thread runs ahead of
 // the device by more in some steps than in others, so its clock alone timed
@@ -56,8 +56,8 @@
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // has dropped the plan: steps with it, the first settling (and more, as
 // Timed says), kept only if the mean of the next two is shorter than the
-// shortest in the order requested, or dropped as soon as a step after the first has lasted twice
-// that long (the LM's took 31 s against 5.0, and the trial's steps cost it
+// shortest in the order requested, or dropped as soon as a step after the
+// first has lasted twice that long (the LM's took 31 s against 5.0, and the trial's steps cost it
 // about 18 s in all). Not the first: it pays for the switch, the ranges
 // brought in as the launches first meet them (the GCN at 1.6x an H100 capped
 // at 44G: 4.65 s against 2.2, where bringing in from the start stepped in
