@@ -44,7 +44,8 @@
 // settle, or up to three while they pin host memory: Timed), and the plan
 // is kept only if that is at least 5% shorter. A mean of two steps in a
 // row: a step timed from peak to peak is short or long as the peak moves
-// within it (the LM's steps with its plan alternated 3.9 and 6.1 s, 5.0 s each: docs/results.md, thirty-second session). A step ends
+// within it (the LM's steps with its plan alternated 3.9 and 6.1 s, 5.0 s
+// each: docs/results.md, thirty-second session). A step ends
 // once the device has caught up to its end (Pool synchronizes the stream of
 // the request that ends it, ends_step): the program's thread runs ahead of
 // the device by more in some steps than in others, so its clock alone timed
