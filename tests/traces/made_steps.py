@@ -16,9 +16,15 @@ giving memory back (`# waited` lines: its requests blocked, the GPU running
 the work queued before them) and
 their time, and of it the time of waits during which the stream ran out of
 work. With --top N, each step's N costliest ranges: the request's size and
-what the pool said of its last range.
+what the pool said of its last range. With --large BYTES, each step's
+requests of BYTES or more in the order made, as ID:HOST (GB of the range that
+served it on the host, `?` where the trace does not say: a range found
+without a `# made` or `# took` line), `+PLACED` where placing by use put GB
+of it off the device, and `moved:ID` where the mover moved one onto the
+device (brought in, or moved back): how the layout of a job's largest
+allocations settles from step to step.
 
-    python3 tests/traces/made_steps.py [--top N] TRACE
+    python3 tests/traces/made_steps.py [--top N] [--large BYTES] TRACE
 """
 import argparse
 import collections
@@ -34,6 +40,7 @@ MADE = re.compile(r"^# made: (\d+) mappings in ([\d.]+) ms, (\d+) bytes on the h
 PLACE = re.compile(r"^# place \d+ step \d+ ([\d.]+) trial=(\S+) bring_in=(\S+)")
 TOOK = re.compile(r"^# took: a cached range, (\d+) bytes on the host$")
 WAITED = re.compile(r"^# waited: (\d+) frees in ([\d.]+) ms(.*)$")
+MOVER = re.compile(r"^# mover \d+ (\S+) moved$")
 OUT_OF_WORK = "; its stream ran out of work meanwhile"
 
 
@@ -41,6 +48,9 @@ OUT_OF_WORK = "; its stream ran out of work meanwhile"
 # on the host, what the pool said of the request's last range, and whether
 # the stream ran out of work meanwhile.
 Made = collections.namedtuple("Made", "ms request mappings host said out_of_work")
+# A request: its allocation's id, its bytes, those placing by use put off the
+# device, and the host bytes of the range that served it (None: not said).
+Request = collections.namedtuple("Request", "id size placed host")
 
 
 class Step:
@@ -49,6 +59,12 @@ class Step:
         self.made = []  # Made, in the trace's order
         self.took_host = 0  # bytes on the host of the cached ranges that served requests
         self.waits, self.wait_ms, self.wait_out_of_work_ms = 0, 0.0, 0.0
+        self.layout = []  # each Request, and the id of each allocation the mover moved (a str), in order
+
+    def served(self, host):
+        """The last request was served by a range with `host` bytes on the host."""
+        if self.layout and isinstance(self.layout[-1], Request):
+            self.layout[-1] = self.layout[-1]._replace(host=host)
 
     @property
     def ranges(self):
@@ -81,14 +97,19 @@ def steps_of(lines):
             if len(fields) < 3:
                 raise gmem_trace.TraceError(f"line {number}: an allocation without its size: {line.strip()}")
             request = int(fields[2])
+            step.layout.append(Request(fields[1], request, int(fields[4]) if len(fields) > 4 else 0, None))
+        elif m := MOVER.match(line):
+            step.layout.append(m[1])
         elif m := MADE.match(line):
             rest = m[4]
             out_of_work = rest.startswith(OUT_OF_WORK)
             if out_of_work:
                 rest = rest[len(OUT_OF_WORK):]
             step.made.append(Made(float(m[2]), request, int(m[1]), int(m[3]), rest.lstrip("; "), out_of_work))
+            step.served(int(m[3]))
         elif m := TOOK.match(line):
             step.took_host += int(m[1])
+            step.served(int(m[1]))
         elif m := WAITED.match(line):
             step.waits += int(m[1])
             step.wait_ms += float(m[2])
@@ -106,7 +127,19 @@ def size(n):
     return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def report(steps, top):
+def layout(step, large):
+    """The step's requests of `large` bytes or more and the mover's moves, as --large lists them."""
+    out = []
+    for r in step.layout:
+        if isinstance(r, str):
+            out.append(f"moved:{r}")
+        elif r.size >= large:
+            host = "?" if r.host is None else f"{r.host / 1e9:.1f}"
+            out.append(f"{r.id}:{host}" + (f"+{r.placed / 1e9:.1f}" if r.placed else ""))
+    return " ".join(out)
+
+
+def report(steps, top, large=0):
     out = ["step  step_ms  trial    bring_in  ranges  mappings  map_ms  out_of_work_ms  host_GB"
            "  took_host_GB  waits  wait_ms  wait_out_of_work_ms"]
     for i, s in enumerate(steps, 1):
@@ -119,16 +152,22 @@ def report(steps, top):
         for m in sorted(s.made, key=lambda m: -m.ms)[:top]:
             out.append(f"      {m.ms:8.1f} ms: {size(m.request)} asked, {m.mappings} mappings, "
                        f"{size(m.host)} on the host{'; ' + m.said if m.said else ''}")
+        if large:
+            out.append(f"      large: {layout(s, large)}")
     return "\n".join(out)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=0, help="list each step's N costliest ranges")
+    parser.add_argument("--large", type=int, default=0, metavar="BYTES",
+                        help="list each step's requests of BYTES or more: where they lay")
     parser.add_argument("trace", help="a gmem trace (plain or .gz)")
     args = parser.parse_args()
     if args.top < 0:
         parser.error("--top must be 0 or more")
+    if args.large < 0:
+        parser.error("--large must be 0 or more")
     steps = gmem_trace.read_with("made_steps", args.trace, steps_of)
     if steps is None:
         return 1
@@ -136,7 +175,7 @@ def main():
         print(f"made_steps: {args.trace}: no `# place` or `# made` line: record it with report:1 placing by use",
               file=sys.stderr)
         return 1
-    print(report(steps, args.top))
+    print(report(steps, args.top, args.large))
     return 0
 
 

@@ -66,6 +66,24 @@ class Steps(unittest.TestCase):
         self.assertTrue(lines[-2].startswith("after"), text)
         self.assertIn("0.2 ms: 4.2 MB asked, 1 mappings, 0.0 MB on the host", lines[-1])
 
+    def test_large_lists_where_each_large_request_lay(self):
+        lines = [gmem_trace.HEADER,
+                 "a 0 2000000000 0 1500000000",
+                 "# made: 3 mappings in 12.5 ms, 1500000000 bytes on the host",
+                 "a 1 1000000 0 0",
+                 "# made: 1 mappings in 0.1 ms, 0 bytes on the host",
+                 "a 2 3000000000 0 0",
+                 "# mover 700 0 moved",
+                 "# place 5000 step 0 4000.0 trial=kept bring_in=untried evict=off pinned_ms=0.0",
+                 "a 0 2000000000 0 0",
+                 "# made: 1 mappings in 0.5 ms, 0 bytes on the host"]
+        first, after = made_steps.steps_of(lines)
+        self.assertEqual(made_steps.layout(first, 1000000000), "0:1.5+1.5 2:? moved:0")
+        self.assertEqual(made_steps.layout(first, 1), "0:1.5+1.5 1:0.0 2:? moved:0")
+        self.assertEqual(made_steps.layout(after, 1000000000), "0:0.0")
+        self.assertIn("      large: 0:1.5+1.5 2:? moved:0", made_steps.report([first], 0, 1000000000))
+        self.assertNotIn("large:", made_steps.report([first], 0))
+
     def test_a_trace_without_steps_is_an_error(self):
         with tempfile.NamedTemporaryFile("w", suffix=".trace") as f:
             f.write("\n".join([gmem_trace.HEADER, "a 0 4194304 0", "f 0"]) + "\n")
