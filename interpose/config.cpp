@@ -37,14 +37,19 @@ bool parse_value(std::string_view text, config_type::source& out, std::string& e
   return false;
 }
 
-bool parse_value(std::string_view text, config_type::percent& out, std::string& expected) {
-  expected = "a percentage from 0 to 1000";
+// A number from 0 to `most` into `out`.
+bool parse_number(std::string_view text, double most, double& out) {
   std::string copy(text);
   char* end = nullptr;
-  double value = std::strtod(copy.c_str(), &end);
-  if (copy.empty() || *end || !(value >= 0 && value <= 1000)) return false;
+  const double value = std::strtod(copy.c_str(), &end);
+  if (copy.empty() || *end || !(value >= 0 && value <= most)) return false;
   out = value;
   return true;
+}
+
+bool parse_value(std::string_view text, config_type::percent& out, std::string& expected) {
+  expected = "a percentage from 0 to 1000";
+  return parse_number(text, 1000, out);
 }
 
 bool parse_value(std::string_view text, config_type::amount& out, std::string& expected) {
@@ -110,12 +115,7 @@ bool parse_value(std::string_view text, config_type::millis& out, std::string& e
 
 bool parse_value(std::string_view text, config_type::gbps& out, std::string& expected) {
   expected = "a rate in GB/s from 0 to 100000";
-  std::string copy(text);
-  char* end = nullptr;
-  const double value = std::strtod(copy.c_str(), &end);
-  if (copy.empty() || *end || !(value >= 0 && value <= 100000)) return false;
-  out.value = value;
-  return true;
+  return parse_number(text, 100000, out.value);
 }
 
 bool parse_value(std::string_view text, config_type::path& out, std::string& expected) {
