@@ -245,14 +245,13 @@ const gmem::pool::AccessRecord* moving_reference(const gmem::pool::AccessTable& 
 // With Pool::brings_in, or for a kernel Pool::slow_launch says is `slow`: the
 // ranges a launch references that lie in host memory (Pool::bring_in_least
 // bytes or more) come onto the device before it is submitted, each where the
-// device has room for all of it.
-void bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
-              void** extra, bool slow) {
-  pool.bring_in(references(table, f, params, extra,
-                           [](const gmem::pool::AccessRecord& r) {
-                             return r.host_bytes() >= gmem::pool::Pool::bring_in_least;
-                           }),
-                slow);
+// device has room for all of it. Returns the bytes brought in.
+std::size_t bring_in(gmem::pool::Pool& pool, const gmem::pool::AccessTable& table, CUfunction f, void** params,
+                     void** extra, bool slow) {
+  const auto spilled = references(table, f, params, extra, [](const gmem::pool::AccessRecord& r) {
+    return r.host_bytes() >= gmem::pool::Pool::bring_in_least;
+  });
+  return pool.bring_in(spilled, slow);
 }
 
 // A submitting `call`, gated; `counted` once the driver took it, with the
@@ -297,8 +296,8 @@ CUresult launch(CUfunction f, void** params, void** extra, CUstream stream, bool
   gmem::pool::Pool* pool = gmem::active_pool();
   bool over_host = pool && pool->access() && timed(*pool, f, params, extra);
   const bool slow = over_host && pool->slow_launch(f);
-  if (pool && (slow || pool->brings_in()) && pool->access()->counting()) {
-    bring_in(*pool, *pool->access(), f, params, extra, slow);
+  if (pool && (slow || pool->brings_in()) && pool->access()->counting() &&
+      bring_in(*pool, *pool->access(), f, params, extra, slow)) {
     over_host = timed(*pool, f, params, extra);  // what came in is not timed
   }
   std::optional<gmem::pool::LaunchTiming> timing;

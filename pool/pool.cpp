@@ -179,11 +179,11 @@ void Pool::unpark(CUdeviceptr ptr, std::size_t bytes) {
   });
 }
 
-void Pool::bring_in(const std::vector<const AccessRecord*>& spilled, bool slow) {
-  if (bring_in_ == BringIn::off || spilled.empty() || quiet()) return;
+std::size_t Pool::bring_in(const std::vector<const AccessRecord*>& spilled, bool slow) {
+  if (bring_in_ == BringIn::off || spilled.empty() || quiet()) return 0;
   const std::optional<Block> first = vmm_->find(spilled.front()->base());
-  if (!first || !first->context) return;
-  if (bring_in_ == BringIn::tried && !slow && !uses_.brings_in(first->device)) return;
+  if (!first || !first->context) return 0;
+  if (bring_in_ == BringIn::tried && !slow && !uses_.brings_in(first->device)) return 0;
   std::size_t room = vmm_->device_room(first->device);
   std::vector<CUdeviceptr> bases;
   for (const AccessRecord* r : spilled) {
@@ -192,7 +192,7 @@ void Pool::bring_in(const std::vector<const AccessRecord*>& spilled, bool slow) 
     room -= host;
     bases.push_back(r->base());
   }
-  mover_->bring_in(bases, first->context);
+  return mover_->bring_in(bases, first->context);
 }
 
 void Pool::timed(LaunchTiming& timing, CUfunction f, uint64_t use, const std::vector<RangeReference>& refs) {
@@ -208,7 +208,11 @@ void Pool::settle_timed() {
     if (trace_ && ran.use != LaunchClock::no_use) trace_->ran(ran.use, ran.us, ran.host);
     if (slow_below_ && ran.function && ran.host >= bring_in_least) {
       std::lock_guard lock(slow_mutex_);
-      slow_[ran.function] = double(ran.host) < slow_below_ * ran.us;
+      if (double(ran.host) < slow_below_ * ran.us) {
+        slow_.insert(ran.function);
+      } else {
+        slow_.erase(ran.function);
+      }
     }
   }
 }
@@ -217,8 +221,7 @@ bool Pool::slow_launch(CUfunction f) {
   if (!slow_below_ || !clock_) return false;
   settle_timed();
   std::lock_guard lock(slow_mutex_);
-  const auto it = slow_.find(f);
-  return it != slow_.end() && it->second;
+  return slow_.contains(f);
 }
 
 CUresult Pool::alloc(CUdeviceptr* dptr, std::size_t size) {

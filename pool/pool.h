@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "pool/access.h"
@@ -221,7 +222,8 @@ class Pool {
   // first (Mover::bring_in), so that the kernel reads and writes them at the
   // device's speed rather than across PCIe. The device pauses meanwhile.
   // Unless `slow` (its kernel is: slow_launch), only while brings_in().
-  void bring_in(const std::vector<const AccessRecord*>& spilled, bool slow = false);
+  // Returns the bytes brought in.
+  std::size_t bring_in(const std::vector<const AccessRecord*>& spilled, bool slow = false);
   // Parked memory (VmmPool::park_evictions) that a call is about to
   // reference, in the ranges overlapping [ptr, ptr + bytes): brought back by
   // the evictor where the device has room, else mapped onto its host chunks
@@ -307,7 +309,7 @@ class Pool {
   std::unique_ptr<LaunchClock> clock_;
   double slow_below_ = 0;  // bytes per us (bring_in_slow)
   std::mutex slow_mutex_;
-  std::unordered_map<CUfunction, bool> slow_;  // by kernel: its last timed launch was slow
+  std::unordered_set<CUfunction> slow_;  // the kernels whose last timed launch was slow
 
   std::mutex primary_mutex_;
   std::unordered_map<CUdevice, CUcontext> primary_contexts_;
