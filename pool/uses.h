@@ -58,8 +58,8 @@
 // has dropped the plan: steps with it, the first settling (and more, as
 // Timed says), kept only if the mean of the next two is shorter than the
 // shortest in the order requested, or dropped as soon as a step after the
-// first has lasted twice that long (the LM's took 31 s against 5.0, and the trial's steps cost it
-// about 18 s in all). Not the first: it pays for the switch, the ranges
+// first has lasted twice that long (the LM's took 31 s against 5.0, and
+// the trial's steps cost it about 18 s in all). Not the first: it pays for the switch, the ranges
 // brought in as the launches first meet them (the GCN at 1.6x an H100 capped
 // at 44G: 4.65 s against 2.2, where bringing in from the start stepped in
 // 1.44 s against 1.97-2.16 s dropped: docs/results.md, forty-ninth session).
