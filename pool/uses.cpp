@@ -84,12 +84,14 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
   Device& d = devices_[request.device];
+  const int64_t so_far = now_ns - d.step_ns, pinned = int64_t(work.spill_ns - d.at_step.spill_ns);
   if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(request.device, d, now_ns, work);
-  } else if (d.bring_in == BringInTrial::trying && d.bring_in_timed.steps && now_ns - d.step_ns > 2 * d.ordered_ns) {
-    judge_bring_in(request.device, d, now_ns - d.step_ns);
-  } else if (d.evict == EvictTrial::trying && d.evict_timed.steps && now_ns - d.step_ns > 2 * d.placed_ns) {
-    judge_evict(request.device, d, now_ns - d.step_ns);
+  } else if (d.bring_in == BringInTrial::trying && !d.bring_in_timed.settles(so_far, pinned) &&
+             so_far > 2 * d.ordered_ns) {
+    judge_bring_in(request.device, d, so_far);
+  } else if (d.evict == EvictTrial::trying && !d.evict_timed.settles(so_far, pinned) && so_far > 2 * d.placed_ns) {
+    judge_evict(request.device, d, so_far);
   }
   if (asked < d.peak_asked) return false;
   d.peak_asked = asked;

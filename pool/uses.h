@@ -57,12 +57,14 @@
 // room (bring_in, Pool::bring_in) is tried the same way once the plan's trial
 // has dropped the plan: steps with it, the first settling (and more, as
 // Timed says), kept only if the mean of the next two is shorter than the
-// shortest in the order requested, or dropped as soon as a step after the
-// first has lasted twice that long (the LM's took 31 s against 5.0, and
-// the trial's steps cost it about 18 s in all). Not the first: it pays for the switch, the ranges
-// brought in as the launches first meet them (the GCN at 1.6x an H100 capped
-// at 44G: 4.65 s against 2.2, where bringing in from the start stepped in
-// 1.44 s against 1.97-2.16 s dropped: docs/results.md, forty-ninth session).
+// shortest in the order requested, or dropped as soon as a step that does
+// not settle it has lasted twice that long (the LM's took 31 s against 5.0,
+// and the trial's steps cost it about 18 s in all). Not one that settles:
+// the first pays for the switch, the ranges brought in as the launches first
+// meet them (the GCN at 1.6x an H100 capped at 44G: 4.65 s against 2.2,
+// where bringing in from the start stepped in 1.44 s against 1.97-2.16 s
+// dropped: docs/results.md, forty-ninth session), and the next ones for the
+// host chunks their layout pins.
 // It pays where a kernel runs over host memory far slower than the
 // link (the GCN's index_put_, reading its source in the order of a sorted
 // index, ran at a quarter of it), and costs where the room it takes was
@@ -79,8 +81,9 @@
 // timed: steps with the evictor moving and no request placed off the device
 // by the plan, the first settling (and more, as Timed says), kept only if the
 // mean of the next two is at least 5% shorter than the mean of those two, or
-// dropped as soon as a step after the first has lasted twice as long (not
-// the first: the switch from the plan's placement costs it; the LM's took
+// dropped as soon as a step that does not settle it has lasted twice as
+// long (not one that settles: the switch from the plan's placement costs the
+// first, pinning the next ones; the LM's took
 // 7.8 s from peak to peak against the plan's 3.9). Means of two steps in a
 // row: a step timed from peak to peak is short or long as the peak moves
 // within it (the LM's steps placed by its plan alternated 3.9 and 6.1 s;
@@ -296,6 +299,12 @@ class Uses {
       }
       *mean = (first_ns + step) / 2;
       return true;
+    }
+    // Whether the step under way, `so_far` long with `pinned` of it making
+    // chunks in host memory, settles the trial if it ends so (a trial is
+    // not dropped early on such a step: its pinning is paid once).
+    bool settles(int64_t so_far, int64_t pinned) const {
+      return !timed && (!steps || (steps < settling && pinned * 20 >= so_far));
     }
   };
   struct Device {

@@ -469,6 +469,25 @@ TEST(Uses, BringingInIsTriedAfterADroppedPlanAndKeptOnlyIfItsStepsAreShorter) {
   EXPECT_FALSE(slow.uses().bringing_in());
   EXPECT_NE(slow.uses().report().find(" bring_in=dropped bring_in_step_ms=210.0 "), std::string::npos)
       << slow.uses().report();
+  // Nor does a later step that settles it, pinning a 20th of its time or
+  // more (its layout's chunks are pinned once): the two after it are timed.
+  Job pinning(true, 64 * mib);
+  pinning.uses().try_bring_in();
+  for (int i = 0; i < ordered_steps; ++i) pinning.step(i == 2 ? 100'000'000 : 150'000'000);
+  pinning.step(96'000'000);
+  pinning.step(96'000'000);
+  pinning.step();  // bringing in begins at this step's peak
+  pinning.pinned_ns = 11'000'000;
+  pinning.step(210'000'000);
+  pinning.step(210'000'000);
+  pinning.pinned_ns = 2'000'000;
+  pinning.step(90'000'000);
+  EXPECT_TRUE(pinning.uses().brings_in(0)) << "a step that pins settles the trial: " << pinning.uses().report();
+  pinning.step(90'000'000);
+  pinning.step();
+  EXPECT_TRUE(pinning.uses().brings_in(0)) << pinning.uses().report();
+  EXPECT_NE(pinning.uses().report().find(" bring_in=kept bring_in_step_ms=90.0 "), std::string::npos)
+      << pinning.uses().report();
   // A kept plan (94 ms against 100) has chosen what lies on the device:
   // bringing in is not tried.
   Job planned(true, 64 * mib);
