@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 namespace gmem::pool {
@@ -39,15 +40,16 @@ Uses::Request Uses::request(int device, std::size_t size) {
   if (!table_ || size < min_size) return {};
   std::lock_guard lock(mutex_);
   Device& d = devices_[device];
-  const uint64_t kind = mix(mix(mix(mix(uint64_t(device) + 1) ^ size) ^ d.recent[0]) ^ d.recent[1]) | 1;
+  uint64_t kind = mix(mix(mix(mix(uint64_t(device) + 1) ^ size) ^ d.recent[0]) ^ d.recent[1]) | 1;
   d.recent[1] = d.recent[0];
   d.recent[0] = size;
+  if (pack_) kind = mix(kind ^ d.numbered[kind]++) | 1;  // its number since the step began
   if (kinds_.size() >= 2 * max_kinds) forget_old_kinds();
   Kind& k = kinds_[kind];
   k.device = device;
   k.size = size;
   k.last_request = ++requests_;
-  if (!k.live) k.numbered = 0;
+  if (!k.live || pack_) k.numbered = 0;
   const uint32_t number = k.numbered++;
   if (d.replan && d.planning()) plan(device);
   const bool placed = place_ && d.planning() && !d.evicting();
@@ -55,6 +57,7 @@ Uses::Request Uses::request(int device, std::size_t size) {
 }
 
 std::size_t Uses::Kind::off_device(uint32_t number) const {
+  if (packed) return number ? 0 : off_part;
   const auto it = std::lower_bound(peak.begin(), peak.end(), number);
   if (it == peak.end() || *it != number) return 0;
   const auto i = std::size_t(it - peak.begin());
@@ -75,7 +78,8 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   if (!r || r->base() != base) return false;  // not a range of its own: not followed
   r->reset();
   std::lock_guard lock(mutex_);
-  const Live life{request.kind, request.device, request.number, table_->counting()};
+  Device& d = devices_[request.device];
+  const Live life{request.kind, request.device, request.number, table_->counting(), d.ticks++};
   auto [it, fresh] = live_.try_emplace(base, life);
   if (!fresh) {  // its free was not seen: the old life ends here
     --kinds_[it->second.kind].live;
@@ -83,7 +87,6 @@ bool Uses::served(CUdeviceptr base, const Request& request, std::size_t asked, b
   }
   ++kinds_[request.kind].live;
   if (!place_ || !spilling) return false;
-  Device& d = devices_[request.device];
   const int64_t so_far = now_ns - d.step_ns, pinned = int64_t(work.spill_ns - d.at_step.spill_ns);
   if (d.step_ends.ended(asked, d.peak_asked)) {
     stepped(request.device, d, now_ns, work);
@@ -111,6 +114,19 @@ bool Uses::holds(int device, bool (Device::*state)() const) const {
 }
 
 void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
+  if (pack_) {
+    if (d.step_tick) {  // the lives of a whole step are recorded from the first step's end
+      for (const auto& [base, l] : live_) {
+        const AccessRecord* r = l.device == device ? table_->find(base) : nullptr;
+        if (r && r->base() == base) ended(d, l, r->size() - std::min(r->size(), r->host_bytes() + r->peer_bytes()));
+      }
+    }
+    d.last_lives = std::move(d.lives);
+    d.lives.clear();
+    d.step_tick = d.ticks;
+    d.numbered.clear();
+    d.replan = true;
+  }
   const int64_t step = d.step_ns ? now_ns - d.step_ns : 0;
   d.step_ns = now_ns;
   d.last_step = {.misses = work.misses - d.at_step.misses,
@@ -209,7 +225,7 @@ void Uses::peak(int device, std::size_t room) {
   for (auto& [id, k] : kinds_) {
     if (k.device == device) k.peak.clear();
   }
-  std::size_t off = 0, peer = 0;
+  std::size_t off = 0, peer = 0, on = 0;
   for (const auto& [base, l] : live_) {
     if (l.device != device) continue;
     kinds_[l.kind].peak.push_back(l.number);
@@ -217,6 +233,7 @@ void Uses::peak(int device, std::size_t room) {
     if (r && r->base() == base) {
       off += r->host_bytes() + r->peer_bytes();
       peer += r->peer_bytes();
+      on += r->size() - std::min(r->size(), r->host_bytes() + r->peer_bytes());
     }
   }
   Device& d = devices_[device];
@@ -224,7 +241,8 @@ void Uses::peak(int device, std::size_t room) {
     if (k.device == device) std::sort(k.peak.begin(), k.peak.end());
   }
   d.lacked = off > room ? off - room : 0;
-  d.replan = true;
+  d.capacity = on + room;
+  if (!pack_) d.replan = true;
   if (peer) d.trial = Trial::peer;
 }
 
@@ -242,9 +260,11 @@ void Uses::plan(int device) {
     if (k.device != device) continue;
     k.off_whole = 0;
     k.off_part = 0;
+    k.packed = false;
     k.slow = slow(k, link);
     if (k.at_peak() && k.figures.allocations) alive.push_back(&k);
   }
+  if (pack_) return pack(device, link);
   auto cost = [&](const Kind* k) { return cost_off_device(*k, link); };
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) {
     return std::pair(cost(a), b->size) < std::pair(cost(b), a->size);
@@ -294,6 +314,52 @@ void Uses::plan(int device) {
     for (Kind* k = *it; k->off_whole && over >= k->size + slack; over -= k->size) --k->off_whole;
   }
   d.replan = false;
+}
+
+void Uses::pack(int device, double link) {
+  Device& d = devices_[device];
+  d.replan = false;
+  if (d.last_lives.empty() || !d.capacity) return;
+  uint32_t length = 0;
+  for (const Life& l : d.last_lives) length = std::max(length, l.to);
+  std::vector<std::size_t> used(length, 0);  // device bytes at each tick
+  auto hold = [&](const Life& l, std::size_t bytes) {
+    for (uint32_t t = l.from; t < l.to; ++t) used[t] += bytes;
+  };
+  // The kinds the step requested, with their lives in it; the others hold
+  // what they held.
+  std::unordered_map<uint64_t, std::vector<const Life*>> requested;
+  for (const Life& l : d.last_lives) {
+    if (l.requested) requested[l.kind];
+  }
+  for (const Life& l : d.last_lives) {
+    const auto it = requested.find(l.kind);
+    if (it != requested.end()) {
+      it->second.push_back(&l);
+    } else {
+      hold(l, l.device_bytes);
+    }
+  }
+  std::vector<std::pair<Kind*, const std::vector<const Life*>*>> order;
+  for (const auto& [id, lives] : requested) {
+    const auto k = kinds_.find(id);
+    if (k != kinds_.end()) order.emplace_back(&k->second, &lives);
+  }
+  auto cost = [&](const Kind* k) { return cost_off_device(*k, link); };
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return std::tuple(cost(a.first), a.first->size, a.first) > std::tuple(cost(b.first), b.first->size, b.first);
+  });
+  for (const auto& [k, lives] : order) {
+    std::size_t most = 0;
+    for (const Life* l : *lives) {
+      for (uint32_t t = l->from; t < l->to; ++t) most = std::max(most, used[t]);
+    }
+    std::size_t on = d.capacity > most ? std::min(k->size, d.capacity - most) : 0;
+    if (on < k->size && on * 8 <= d.lacked) on = 0;
+    k->packed = true;
+    k->off_part = k->size - on;
+    for (const Life* l : *lives) hold(*l, on);
+  }
 }
 
 double Uses::Kind::ran_per_pass() const {
@@ -355,12 +421,21 @@ void Uses::freed(CUdeviceptr base, std::size_t size) {
   live_.erase(it);
   Kind& k = kinds_[life.kind];
   --k.live;
+  Device& d = devices_[life.device];
+  ++d.ticks;
+  if (pack_ && d.step_tick) ended(d, life, size - std::min(size, host + (r ? r->peer_bytes() : 0)));
   if (!life.counted) return;  // part of its life went uncounted: its figures would mislead
   ++k.figures.allocations;
   k.figures.launches += f.launches;
   k.figures.passes += f.passes;
   k.figures.host_bytes += host;
-  devices_[life.device].replan = true;
+  if (!pack_) d.replan = true;
+}
+
+void Uses::ended(Device& d, const Live& l, std::size_t device_bytes) {
+  const bool requested = l.tick >= d.step_tick;
+  d.lives.push_back({l.kind, requested ? uint32_t(l.tick - d.step_tick) : 0, uint32_t(d.ticks - d.step_tick),
+                     requested, device_bytes});
 }
 
 std::map<std::size_t, Uses::Figures> Uses::by_size() const {
@@ -425,11 +500,11 @@ std::string Uses::report_plan(std::size_t most) const {
              double(d.last_step.slow_map_ns) / 1e6, double(d.last_step.spill_ns) / 1e6, int(d.remembered));
     out += buf;
   }
-  std::vector<const Kind*> alive;
+  std::vector<const Kind*> alive;  // and, packed, those placed off the device
   for (const auto& [id, k] : kinds_) {
-    if (k.at_peak()) alive.push_back(&k);
+    if (k.at_peak() || (k.packed && k.off_part)) alive.push_back(&k);
   }
-  auto bytes = [](const Kind* k) { return k->size * k->at_peak(); };
+  auto bytes = [](const Kind* k) { return k->size * std::max(k->at_peak(), 1u); };
   std::sort(alive.begin(), alive.end(), [&](const Kind* a, const Kind* b) { return bytes(a) > bytes(b); });
   alive.resize(std::min(alive.size(), most));
   for (const Kind* k : alive) {
@@ -438,7 +513,7 @@ std::string Uses::report_plan(std::size_t most) const {
              "host_share=%.2f host_ms_per_gb_pass=%.1f cost=%.1f\n",
              k->size, k->at_peak(), k->figures.allocations,
              double(k->figures.passes) / double(std::max<uint64_t>(k->figures.allocations, 1)),
-             (double(k->off_whole) + double(k->off_part) / double(k->size)) / double(k->at_peak()),
+             (double(k->off_whole) + double(k->off_part) / double(k->size)) / std::max(k->at_peak(), 1u),
              double(k->figures.host_bytes) / (double(k->size) * double(std::max<uint64_t>(k->figures.allocations, 1))),
              k->ran_per_pass() * 1e3, cost_off_device(*k, fastest_over_host(k->device)));
     out += buf;

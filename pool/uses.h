@@ -21,6 +21,25 @@
 // many passes) keep the device. A wrong guess costs speed only: memory off
 // the device stays mapped.
 //
+// Packing the step (pack_step, an experiment): the plan above sees the peak
+// only, and earlier points where the device is full go to whatever is
+// requested first. The GCN at twice an H100 capped at 31G (docs/results.md,
+// fifty-fourth session): its forward makes a 26.6 GB product read once, then
+// a 26.6 GB one that kernels read 16 times and index_add_ at 16 GB/s, while
+// the first is alive; the first holds the device, and the second (not alive
+// at the peak) lies in host memory, 1.7 s of a 3.9 s step. With pack_step,
+// each large request is known by its kind and its number among the kind's
+// requests since the step began (steps run from peak to peak, StepEnds), so
+// each names one tensor from step to step, with figures of its own; the
+// last whole step's lives (in requests and frees) are packed onto the
+// device's room at the peak (the device bytes of the large allocations alive
+// then, and its room), the costliest off the device first (cost_off_device),
+// each on the device as far as it fits through all its life beside those
+// placed before and those it did not request (alive all through), the rest
+// of it off the device (all of it where the part that fits is at most an
+// 8th of what the device lacked). Replanned at each step's end; a plan
+// remembered (plan_file) places nothing until a step is recorded.
+//
 // Passes do not tell how fast a kernel runs over host memory, so its
 // launches are timed (Pool::timed: each launch whose large references lie
 // partly in host memory, between two events on its stream), and each one's
@@ -150,6 +169,8 @@ class Uses {
   explicit Uses(AccessTable* table, bool place = false) : table_(table), place_(place && table) {}
   // Bringing in is on (set once, before use): with place_by_use, its trial follows the plan's.
   void try_bring_in() { bring_in_ = place_; }
+  // The plan packs the step (pack_step; set once, before use).
+  void pack_steps() { pack_ = place_; }
   // How the evictor runs (set once, before use): on trial (evict:tried) only
   // with place_by_use, after the plan's; at all times (evict:1), which the
   // report says.
@@ -260,6 +281,8 @@ class Uses {
     double ran_per_pass() const;
     // At the last plan: Uses::slow.
     bool slow = false;
+    // Packed (pack_step): its request 0 goes `off_part` bytes off the device.
+    bool packed = false;
     uint32_t at_peak() const { return uint32_t(peak.size()); }
   };
   struct Live {
@@ -267,6 +290,16 @@ class Uses {
     int device;
     uint32_t number;
     bool counted;  // launches were counted all its life (AccessTable::counting)
+    uint64_t tick;  // Device::ticks when served
+  };
+  // A life within one step (pack_step), in ticks from the step's start: an
+  // allocation alive at the step's end ends there, one alive at its start
+  // begins at 0 (`requested` false).
+  struct Life {
+    uint64_t kind;
+    uint32_t from, to;  // [from, to)
+    bool requested;     // in this step
+    std::size_t device_bytes;  // of it on the device when the life ended
   };
   // The trial of the plan: steps in the order requested, then with the plan
   // (its shares in force), then kept or dropped for good; or no plan (peer).
@@ -334,6 +367,14 @@ class Uses {
     int64_t last_step_ns = 0;
     Work last_step;          // what the last step (peak to peak) asked of the driver
     bool remembered = false;  // its verdicts came from an earlier run (remember)
+    // pack_step: large requests and frees served so far, and at the start
+    // of the step under way; the lives of that step and of the last whole
+    // one; requests per kind of size since the step began; the device
+    // bytes of the large allocations alive at the last peak, and its room.
+    uint64_t ticks = 0, step_tick = 0;
+    std::vector<Life> lives, last_lives;
+    std::unordered_map<uint64_t, uint32_t> numbered;
+    std::size_t capacity = 0;
     bool planning() const { return trial == Trial::planned || trial == Trial::kept; }
     bool bringing_in() const { return bring_in == BringInTrial::trying || bring_in == BringInTrial::kept; }
     bool evicting() const { return evict == EvictTrial::trying || evict == EvictTrial::kept; }
@@ -358,6 +399,11 @@ class Uses {
   AccessRecord* record(CUdeviceptr base, std::size_t size) const;
   // The shares off the device of `device`'s kinds; under mutex_.
   void plan(int device);
+  // plan() with pack_step: the last whole step packed.
+  void pack(int device, double link);
+  // The life of `l` (`device_bytes` of it on the device) ends now, in the
+  // step under way of `d`; under mutex_.
+  static void ended(Device& d, const Live& l, std::size_t device_bytes);
   // A kind measured over host memory at least this many times slower per
   // byte and pass than the device's fastest counts as that much hotter.
   static constexpr double slower = 1.5;
@@ -383,6 +429,7 @@ class Uses {
   AccessTable* const table_;
   const bool place_;
   bool bring_in_ = false;
+  bool pack_ = false;
   Evict evict_ = Evict::off;
   std::function<void(int)> switched_;
   std::function<void(const std::string&)> told_;

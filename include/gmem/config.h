@@ -107,6 +107,13 @@
     "the plan is tried for three steps (more while they pin host memory) after "     \
     "four in the order requested and kept only if the mean of its last two is at least 5% shorter (report:1 prints " \
     "the trial); 0: the device first for every request, in the order made")         \
+  X(pack_step, flag, "0",                                                            \
+    "1 (an experiment): with place_by_use, the plan places every large request of "  \
+    "the job's repeated step, each known by its number among its kind's requests "   \
+    "since the step began, rather than those alive at the peak: the last step's "    \
+    "lives are packed onto the device's room, the costliest first, each on the "     \
+    "device as far as it fits through its life, the rest off it (pool/uses.h); 0: "  \
+    "the plan places the kinds alive at the peak")                                     \
   X(recall_steps, flag, "1",                                                         \
     "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
     "more repeat the last step's (their sizes, in order), each takes the range that " \

@@ -415,6 +415,65 @@ TEST(Uses, StepsThatPinHostMemorySettleTheTrial) {
   }
 }
 
+// A job on device 0 (which spills) whose device is full before its peak:
+// each step asks for X (512 MiB, one launch), then Y (512 MiB, eight
+// launches, in host memory) while X is alive, frees both, then asks for P
+// (512 MiB, one launch) and Q (768 MiB, four launches, in host memory),
+// alive at the peak and freed early in the next step. At the peak the device
+// holds P and has no room: 512 MiB for large allocations.
+class Pressure {
+ public:
+  explicit Pressure(bool pack) : uses_(&table_, true) {
+    if (pack) uses_.pack_steps();
+    table_.add(x, 512 * mib, 0, 0, 0);
+    table_.add(y, 512 * mib, 0, 512 * mib, 0);
+    table_.add(p, 512 * mib, 0, 0, 0);
+    table_.add(q, 768 * mib, 0, 768 * mib, 0);
+  }
+  // One step: the bytes of X, Y, P and Q requested off the device.
+  Off step() {
+    Off off;
+    auto serve_at = [&](CUdeviceptr at, std::size_t size, std::size_t used, int launches) {
+      const Uses::Request r = uses_.request(0, size);
+      off.push_back(r.off_device);
+      if (uses_.served(at, r, used, true, now_)) uses_.peak(0, 0);
+      for (int i = 0; i < launches; ++i) launch(table_, at);
+    };
+    if (now_) {
+      uses_.freed(p, 512 * mib);
+      uses_.freed(q, 768 * mib);
+    }
+    serve_at(x, 512 * mib, 512 * mib, 1);
+    serve_at(y, 512 * mib, 1024 * mib, 8);
+    uses_.freed(x, 512 * mib);
+    uses_.freed(y, 512 * mib);
+    serve_at(p, 512 * mib, 512 * mib, 1);
+    serve_at(q, 768 * mib, 1280 * mib, 4);
+    now_ += 100'000'000;
+    return off;
+  }
+
+ private:
+  static constexpr CUdeviceptr x = base, y = base + 512 * mib, p = base + 1024 * mib, q = base + 1536 * mib;
+  AccessTable table_;
+  Uses uses_;
+  int64_t now_ = 0;
+};
+
+// The plan at the peak places P (the coldest alive then) off the device, and
+// X and Y go as requested: X holds the device and Y, the hottest, lies in
+// host memory. Packing the step (pack_step) places X off the device, where
+// it would keep Y from the device, and keeps Y on it; then Q (the next
+// hottest) takes the device's 512 MiB through its life, and P goes off.
+TEST(Uses, PackingTheStepPlacesOffTheDeviceWhatKeepsAHotterRequestFromIt) {
+  for (const bool pack : {false, true}) {
+    Pressure job(pack);
+    for (int i = 0; i < ordered_steps; ++i) EXPECT_EQ(job.step(), (Off{0, 0, 0, 0})) << "step " << i;
+    const Off planned = pack ? Off{512 * mib, 0, 512 * mib, 256 * mib} : Off{0, 0, 512 * mib, 0};
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(job.step(), planned) << (pack ? "packed" : "at the peak") << ", step " << i;
+  }
+}
+
 // Bringing in (bring_in) is tried once the plan's trial has dropped the plan,
 // against the shortest step in the order requested, and stays only if the
 // mean of its second and third steps is shorter; a step with it after the
