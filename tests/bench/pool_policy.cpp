@@ -4,7 +4,7 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
+//               [--per-step] [--place-by-use] [--pack-step] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
 //               [--bring-in-until STEP]
 //               [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
@@ -46,6 +46,7 @@
 // plan's trial times a step by the PCIe time of what its launches passed off
 // the device (at 51 GB/s, and 1 us a launch): the policy on a recorded job's
 // real uses, without a GPU. "gmem: report use/place" lines follow.
+// --pack-step places by use as the shim does with pack_step:1 too.
 // --plan-slower F (with --place-by-use) makes every launch take F times as
 // long while the plan is in force: where that makes the plan's step at least
 // 19/20 of the shortest in the order requested, the trial drops it (for the
@@ -107,7 +108,7 @@ double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, place_by_use = false, bring_in_always = false, recall_steps = false;
+bool per_step = false, place_by_use = false, pack_step = false, bring_in_always = false, recall_steps = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int bring_in_from = 0, bring_in_until = INT32_MAX;  // --bring-in-from, --bring-in-until
@@ -275,6 +276,7 @@ int replay(const std::string& path) {
     table.emplace(trace->counting_from == 0);
     pool.track_access(&*table, trace->counting_from ? std::numeric_limits<double>::infinity() : 0);
     uses.emplace(&*table, true);
+    if (pack_step) uses->pack_steps();
   }
   CUcontext context = nullptr;  // the device's (a move needs its allocations' context)
   driver.cuCtxGetCurrent(&context);
@@ -565,6 +567,8 @@ int main(int argc, char** argv) {
       per_step = true;
     } else if (a == "--place-by-use") {
       place_by_use = true;
+    } else if (a == "--pack-step") {
+      place_by_use = pack_step = true;
     } else if (a == "--recall-steps") {
       recall_steps = true;
     } else if (a == "--scale" && i + 1 < argc) {
