@@ -4,7 +4,7 @@
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
 //   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use] [--pack-step] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
+//               [--per-step] [--place-by-use] [--pack-step] [--ran-times] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
 //               [--bring-in-until STEP]
 //               [--recall-steps] [--scale F]
 //               [--misses-from STEP] [--passes N]
@@ -47,6 +47,11 @@
 // the device (at 51 GB/s, and 1 us a launch): the policy on a recorded job's
 // real uses, without a GPU. "gmem: report use/place" lines follow.
 // --pack-step places by use as the shim does with pack_step:1 too.
+// --ran-times (with --place-by-use) times each launch whose allocations lie
+// partly off the device by its `# ran` line, at the GPU time per byte in
+// host memory it was recorded with (one recorded on the device, at 51 GB/s),
+// and charges that time to what it read there, as the shim's timed
+// launches do (Uses::ran): a kernel slow over host memory counts so.
 // --plan-slower F (with --place-by-use) makes every launch take F times as
 // long while the plan is in force: where that makes the plan's step at least
 // 19/20 of the shortest in the order requested, the trial drops it (for the
@@ -108,7 +113,7 @@ double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, place_by_use = false, pack_step = false, bring_in_always = false, recall_steps = false;
+bool per_step = false, place_by_use = false, pack_step = false, ran_times = false, bring_in_always = false, recall_steps = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int bring_in_from = 0, bring_in_until = INT32_MAX;  // --bring-in-from, --bring-in-until
@@ -337,7 +342,8 @@ int replay(const std::string& path) {
       if (table) {
         if (use.thread >= thread_counts.size()) thread_counts.resize(use.thread + 1, nullptr);
         if (!thread_counts[use.thread]) thread_counts[use.thread] = &table->add_thread_counts();
-        refs.emplace(*table, *thread_counts[use.thread], reinterpret_cast<const void*>(uintptr_t{use.function}));
+        refs.emplace(*table, *thread_counts[use.thread], reinterpret_cast<const void*>(uintptr_t{use.function}),
+                     nullptr, ran_times);
       }
       for (std::size_t r = 0; r < use.ids.size(); ++r) {
         const uint32_t id = use.ids[r];
@@ -348,7 +354,12 @@ int replay(const std::string& path) {
       if (refs) refs->finish(nullptr);
       step_passed += passed;
       const double slower = uses && uses->plans(0) ? plan_slower : 1;
-      clock_ns += int64_t(slower * (1000 + double(passed) / 51.0));  // 51 GB/s is 51 bytes a ns
+      double ns = double(passed) / 51.0;  // 51 GB/s is 51 bytes a ns
+      if (ran_times && passed) {
+        if (use.ran_host) ns = use.ran_us * 1e3 * double(passed) / double(use.ran_host);
+        uses->ran(uses->charges(refs->large()), ns / 1e3);
+      }
+      clock_ns += int64_t(slower * (1000 + ns));
     }
     allocs += e.alloc;
     steady_allocs += e.alloc && i >= steady_from;
@@ -567,6 +578,8 @@ int main(int argc, char** argv) {
       per_step = true;
     } else if (a == "--place-by-use") {
       place_by_use = true;
+    } else if (a == "--ran-times") {
+      place_by_use = ran_times = true;
     } else if (a == "--pack-step") {
       place_by_use = pack_step = true;
     } else if (a == "--recall-steps") {

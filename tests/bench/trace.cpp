@@ -15,6 +15,7 @@ namespace {
 constexpr const char* header = "# gmem allocation trace v1";
 const std::string device_full = "# device full: the pool held ";
 const std::string counting = "# counting launches from the next allocation";
+const std::string ran = "# ran: use ";
 
 // An unsigned decimal number below `limit`, and nothing else.
 bool decimal(const std::string& word, std::uint64_t limit, std::uint64_t* out) {
@@ -62,6 +63,21 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
       continue;
     }
     if (line == counting) t.counting_from = t.events.size();
+    if (line.compare(0, ran.size(), ran) == 0) {
+      std::istringstream said(line.substr(ran.size()));
+      std::uint64_t use = 0, host = 0;
+      std::string in_, us_, bytes, on, the, host_;
+      double us = -1;
+      if (!field(said, t.uses.size(), &use) || !(said >> in_ >> us >> us_) || in_ != "in" || us_ != "us," ||
+          !(us >= 0) || !field(said, UINT64_MAX, &host) || !(said >> bytes >> on >> the >> host_) ||
+          bytes != "bytes" || on != "on" || the != "the" || host_ != "host") {
+        return fail("expected '" + ran + "N in US us, BYTES bytes on the host' of an earlier use, found '" +
+                    line.substr(0, 80) + "'");
+      }
+      t.uses[use].ran_us = us * scale;
+      t.uses[use].ran_host = static_cast<std::uint64_t>(std::llround(double(host) * scale));
+      continue;
+    }
     std::istringstream fields(line);
     std::string op;
     if (!(fields >> op) || op[0] == '#') continue;

@@ -43,6 +43,11 @@ struct Trace {
     std::uint32_t function = 0;  // the line's kFUNCTION + 1; 0: none
     std::vector<std::uint32_t> ids;
     std::vector<std::uint64_t> offsets;  // by ids' index
+    // Where its launch was timed (`# ran: use N in US us, BYTES bytes on the
+    // host`): its GPU time, and the bytes of its allocations then in host
+    // memory; 0: not timed.
+    double ran_us = 0;
+    std::uint64_t ran_host = 0;
   };
   std::vector<Use> uses;
 };

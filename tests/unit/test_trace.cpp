@@ -81,6 +81,23 @@ TEST(Trace, GmemsOwnTracesSayWhatEachLaunchUsedBetweenWhichEvents) {
   EXPECT_EQ(t->events.size(), 3u);
 }
 
+// `# ran` lines time a use line's launch (counted from 0): its GPU time and
+// its bytes in host memory then.
+TEST(Trace, RanLinesTimeAnEarlierUseLine) {
+  std::string error;
+  auto t = read(header + "a 0 100 0\nu 12 0\nu 15 0\n# ran: use 1 in 1667.5 us, 64 bytes on the host\nf 0\n", &error);
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->uses.size(), 2u);
+  EXPECT_EQ(t->uses[0].ran_host, 0u);
+  EXPECT_DOUBLE_EQ(t->uses[1].ran_us, 1667.5);
+  EXPECT_EQ(t->uses[1].ran_host, 64u);
+  for (const char* bad : {"# ran: use 2 in 5 us, 64 bytes on the host\n", "# ran: use 0 in -5 us, 64 bytes on the host\n",
+                                 "# ran: use 0 in 5 us, 64 bytes\n"}) {
+    EXPECT_FALSE(read(header + "a 0 100 0\nu 12 0\nu 15 0\n" + bad, &error)) << bad;
+    EXPECT_NE(error.find("t:5: expected '# ran: use N in US us, BYTES bytes on the host'"), std::string::npos) << error;
+  }
+}
+
 // Lines since 2026-11-27 name the launching thread and function, and offsets.
 TEST(Trace, UseLinesMayNameTheirThreadTheirFunctionAndOffsets) {
   std::string error;
