@@ -433,6 +433,7 @@ void Uses::freed(CUdeviceptr base, std::size_t size) {
 }
 
 void Uses::ended(Device& d, const Live& l, std::size_t device_bytes) {
+  if (d.lives.size() >= 4 * max_kinds) return;  // a step that never ends (the device stopped spilling)
   const bool requested = l.tick >= d.step_tick;
   d.lives.push_back({l.kind, requested ? uint32_t(l.tick - d.step_tick) : 0, uint32_t(d.ticks - d.step_tick),
                      requested, device_bytes});

@@ -38,7 +38,11 @@
 // placed before and those it did not request (alive all through), the rest
 // of it off the device (all of it where the part that fits is at most an
 // 8th of what the device lacked). Replanned at each step's end; a plan
-// remembered (plan_file) places nothing until a step is recorded.
+// remembered (plan_file) places nothing until a step is recorded; at most
+// 4 x max_kinds lives a step are recorded. Not yet run on a GPU: in
+// pool-policy replays its kept plan made ranges again every step (about 180
+// mappings, where the peak's plan made none), and the GCN's read-once product
+// still kept the device (docs/results.md, fifty-fifth session).
 //
 // Passes do not tell how fast a kernel runs over host memory, so its
 // launches are timed (Pool::timed: each launch whose large references lie
