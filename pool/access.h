@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <atomic>
@@ -79,6 +80,8 @@ class AccessRecord {
   // The range's bytes in pinned host memory and in a peer GPU's memory now.
   std::size_t host_bytes() const { return std::size_t(host_.load(std::memory_order_relaxed)); }
   std::size_t peer_bytes() const { return std::size_t(peer_.load(std::memory_order_relaxed)); }
+  // The rest: its bytes on its own device.
+  std::size_t device_bytes() const { return size() - std::min(size(), host_bytes() + peer_bytes()); }
 
   // The figures since the range was mapped or last reset (a sum over the
   // launching threads: for the pool, not for every launch).

@@ -118,7 +118,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
     if (d.step_tick) {  // the lives of a whole step are recorded from the first step's end
       for (const auto& [base, l] : live_) {
         const AccessRecord* r = l.device == device ? table_->find(base) : nullptr;
-        if (r && r->base() == base) ended(d, l, r->size() - std::min(r->size(), r->host_bytes() + r->peer_bytes()));
+        if (r && r->base() == base) ended(d, l, r->device_bytes());
       }
     }
     d.last_lives = std::move(d.lives);
@@ -233,7 +233,7 @@ void Uses::peak(int device, std::size_t room) {
     if (r && r->base() == base) {
       off += r->host_bytes() + r->peer_bytes();
       peer += r->peer_bytes();
-      on += r->size() - std::min(r->size(), r->host_bytes() + r->peer_bytes());
+      on += r->device_bytes();
     }
   }
   Device& d = devices_[device];
@@ -423,7 +423,7 @@ void Uses::freed(CUdeviceptr base, std::size_t size) {
   --k.live;
   Device& d = devices_[life.device];
   ++d.ticks;
-  if (pack_ && d.step_tick) ended(d, life, size - std::min(size, host + (r ? r->peer_bytes() : 0)));
+  if (pack_ && d.step_tick) ended(d, life, r ? r->device_bytes() : size);
   if (!life.counted) return;  // part of its life went uncounted: its figures would mislead
   ++k.figures.allocations;
   k.figures.launches += f.launches;
