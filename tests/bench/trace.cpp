@@ -66,11 +66,10 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
     if (line.compare(0, ran.size(), ran) == 0) {
       std::istringstream said(line.substr(ran.size()));
       std::uint64_t use = 0, host = 0;
-      std::string in_, us_, bytes, on, the, host_;
+      std::string in_, us_, rest;
       double us = -1;
       if (!field(said, t.uses.size(), &use) || !(said >> in_ >> us >> us_) || in_ != "in" || us_ != "us," ||
-          !(us >= 0) || !field(said, UINT64_MAX, &host) || !(said >> bytes >> on >> the >> host_) ||
-          bytes != "bytes" || on != "on" || the != "the" || host_ != "host") {
+          !(us >= 0) || !field(said, UINT64_MAX, &host) || !std::getline(said, rest) || rest != " bytes on the host") {
         return fail("expected '" + ran + "N in US us, BYTES bytes on the host' of an earlier use, found '" +
                     line.substr(0, 80) + "'");
       }
