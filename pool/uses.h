@@ -24,10 +24,11 @@
 // Packing the step (pack_step, an experiment): the plan above sees the peak
 // only, and earlier points where the device is full go to whatever is
 // requested first. The GCN at twice an H100 capped at 31G (docs/results.md,
-// fifty-fourth session): its forward makes a 26.6 GB product read once, then
-// a 26.6 GB one that kernels read 16 times and index_add_ at 16 GB/s, while
-// the first is alive; the first holds the device, and the second (not alive
-// at the peak) lies in host memory, 1.7 s of a 3.9 s step. With pack_step,
+// fifty-fourth session): its forward makes a 26.6 GB product (48 launches,
+// about 3 passes), then a 26.6 GB one that 16 launches read beside the first
+// (32 ms each) and index_add_ at 16 GB/s (1667 ms), while the first is alive;
+// the first holds the device, and the second (not alive at the peak) lies in
+// host memory, 2.2 s of a 3.9 s step. With pack_step,
 // each large request is known by its kind and its number among the kind's
 // requests since the step began (steps run from peak to peak, StepEnds), so
 // each names one tensor from step to step, with figures of its own; the
@@ -41,7 +42,7 @@
 // remembered (plan_file) places nothing until a step is recorded; at most
 // 4 x max_kinds lives a step are recorded. Not yet run on a GPU: in
 // pool-policy replays its kept plan made ranges again every step (about 180
-// mappings, where the peak's plan made none), and the GCN's read-once product
+// mappings, where the peak's plan made none), and the GCN's first product
 // still kept the device (docs/results.md, fifty-fifth session).
 //
 // Passes do not tell how fast a kernel runs over host memory, so its
