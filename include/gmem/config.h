@@ -163,14 +163,15 @@
     "dropped the plan, for three steps (more while they pin host memory), and "     \
     "from then on only if the mean of the last two was shorter than the shortest in the order requested; always: at "     \
     "every such launch; off: never")                                                  \
-  X(slow_launch, gbps, "0",                                                          \
+  X(slow_launch, gbps, "25",                                                         \
     "with bring_in tried or always and place_by_use or a trace (launches over host " \
     "memory timed on the GPU): a kernel whose last timed launch ran at fewer GB/s "   \
     "than this over the bytes its large references held in host memory (one that "  \
     "reads a range out of order: on an H100 the GCN's index_add_ read its source "    \
     "there at 16 GB/s) brings them onto the device at its next launches, as "         \
-    "bring_in does, whatever bring_in's trial says (25 on PCIe Gen5: an experiment, " \
-    "not yet run on a GPU); 0: never")                        \
+    "bring_in does, whatever bring_in's trial says (on an H200 capped at 31G the "    \
+    "GCN kept its plan and stepped 2.7 s, against 5.2-5.3 s with 0; the LM once "     \
+    "settled 4.73 s against 4.88 s: docs/results.md); 0: never")                      \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
