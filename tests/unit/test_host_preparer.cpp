@@ -9,7 +9,7 @@
 #include "pool/host_preparer.h"
 
 namespace gmem::pool {
-namespace {
+namespace preparer_test {  // named: the unity build puts the tests of unit-pool in one file
 
 constexpr std::size_t mib = 1 << 20;
 
@@ -47,5 +47,5 @@ TEST(HostPreparer, BytesAddedArePreparedOnceBeyondTheTarget) {
   EXPECT_TRUE(settles_at(made, 10)) << "the target alone, after a drain";
 }
 
-}  // namespace
+}  // namespace preparer_test
 }  // namespace gmem::pool
