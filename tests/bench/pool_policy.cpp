@@ -63,6 +63,10 @@
 // more in host memory and the device has room (as bring_in:always does, after a
 // synchronization, by the mover's copy and remap; each copy adds its bytes at
 // 51 GB/s to the clock), and --per-step says how many ranges each step brought in.
+// --moves brings in, where the trace says the GPU's mover moved an allocation
+// onto the device (`# mover` lines: slow_launch's and bring_in's moves, and
+// moves back), that allocation, as --bring-in does a launch's: the recorded
+// job's layout after such moves, which a use line's replay does not make.
 // --bring-in-until STEP brings in as --bring-in does until that step, and
 // then no more, as bring_in:tried does once its trial dropped it (the pool is
 // told, as the shim tells it: VmmPool::placement_changed): whether the steps
@@ -113,7 +117,7 @@ double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, place_by_use = false, pack_step = false, ran_times = false, bring_in_always = false, recall_steps = false;
+bool per_step = false, replay_moves = false, place_by_use = false, pack_step = false, ran_times = false, bring_in_always = false, recall_steps = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int bring_in_from = 0, bring_in_until = INT32_MAX;  // --bring-in-from, --bring-in-until
@@ -301,7 +305,7 @@ int replay(const std::string& path) {
   // With use lines: the bytes of the launches' allocations off the device
   // when they ran (an upper estimate of what they moved over PCIe, as the
   // shim's host_access_bytes is), this step and over the steady state.
-  std::size_t next_use = 0;
+  std::size_t next_use = 0, next_move = 0;
   uint64_t step_passed = 0, last_step_passed = 0, steady_passed = 0, steady_steps = 0, step_brought_in = 0;
   brought_in = 0;
   const std::size_t steady_from = passes > 1 ? (passes - 1) * events : events / 2;
@@ -326,7 +330,10 @@ int replay(const std::string& path) {
       }
       std::fill(live_bytes.begin(), live_bytes.end(), 0);
       requested = 0;
-      next_use = 0;
+      next_use = next_move = 0;
+    }
+    for (; next_move < trace->moves.size() && trace->moves[next_move].before == i % events; ++next_move) {
+      if (replay_moves && tiers) clock_ns += bring_in(pool, *tiers, driver, {trace->moves[next_move].id}, live, live_bytes);
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
       const gmem::trace::Trace::Use& use = trace->uses[next_use];
@@ -443,7 +450,7 @@ int replay(const std::string& path) {
              double(held.peer) / 1e9, double(cached) / 1e9, double(cached - cached_spilled) / 1e9,
              double(pool.figures(0).reserved) / 1e9,
              trace->uses.empty() ? "" : ("; launches passed " + gigabytes(step_passed) + " off the device").c_str(),
-             bring_in_always ? ("; brought in " + std::to_string(brought_in - step_brought_in) + " ranges").c_str() : "");
+             bring_in_always || replay_moves ? ("; brought in " + std::to_string(brought_in - step_brought_in) + " ranges").c_str() : "");
         step_brought_in = brought_in;
       }
       if (i >= steady_from) {
@@ -576,6 +583,8 @@ int main(int argc, char** argv) {
       host_chunk = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--per-step") {
       per_step = true;
+    } else if (a == "--moves") {
+      replay_moves = true;
     } else if (a == "--place-by-use") {
       place_by_use = true;
     } else if (a == "--ran-times") {
@@ -637,10 +646,11 @@ int main(int argc, char** argv) {
   if (!traces) {
     fprintf(stderr,
             "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
-            "[--per-step] [--place-by-use] [--plan-slower F] [--bring-in] [--bring-in-until STEP] [--scale F] "
+            "[--per-step] [--place-by-use] [--pack-step] [--ran-times] [--recall-steps] [--plan-slower F] "
+            "[--bring-in] [--bring-in-from STEP] [--bring-in-until STEP] [--moves] [--scale F] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
-            "[--max-last-step-maps M] [--max-steady-cached-free F] [--move-back-below F] [--check-backing] "
-            "[--own-cost] TRACE...\n");
+            "[--max-last-step-maps M] [--max-steady-cached-free F] [--max-last-step-passed BYTES] "
+            "[--move-back-below F] [--check-backing] [--own-cost] TRACE...\n");
     return 2;
   }
   return failed;

@@ -16,6 +16,7 @@ constexpr const char* header = "# gmem allocation trace v1";
 const std::string device_full = "# device full: the pool held ";
 const std::string counting = "# counting launches from the next allocation";
 const std::string ran = "# ran: use ";
+const std::string mover = "# mover ";
 
 // An unsigned decimal number below `limit`, and nothing else.
 bool decimal(const std::string& word, std::uint64_t limit, std::uint64_t* out) {
@@ -75,6 +76,18 @@ std::optional<Trace> parse(std::istream& in, const std::string& where, std::stri
       }
       t.uses[use].ran_us = us * scale;
       t.uses[use].ran_host = static_cast<std::uint64_t>(std::llround(double(host) * scale));
+      continue;
+    }
+    if (line.compare(0, mover.size(), mover) == 0) {
+      std::istringstream said(line.substr(mover.size()));
+      std::uint64_t us = 0, id = 0;
+      std::string moved, rest;
+      if (!field(said, UINT64_MAX, &us) || !field(said, max_id, &id) || !(said >> moved) || moved != "moved" ||
+          said >> rest) {
+        return fail("expected '" + mover + "TIME_US ID moved', found '" + line.substr(0, 80) + "'");
+      }
+      if (id >= live_bytes.size() || !live_bytes[id]) return fail("move of id " + std::to_string(id) + ", which is not live");
+      t.moves.push_back({t.events.size(), static_cast<std::uint32_t>(id)});
       continue;
     }
     std::istringstream fields(line);

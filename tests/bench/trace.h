@@ -50,6 +50,14 @@ struct Trace {
     std::uint64_t ran_host = 0;
   };
   std::vector<Use> uses;
+  // gmem's own traces: the live allocations the mover moved onto the device
+  // (`# mover TIME_US ID moved`: moved back, or brought in), each before
+  // `events[before]`.
+  struct Move {
+    std::size_t before = 0;
+    std::uint32_t id = 0;
+  };
+  std::vector<Move> moves;
 };
 
 // The trace in `in`; nullopt with "<where>:<line>: <what>" in *error if it breaks

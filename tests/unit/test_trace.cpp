@@ -98,6 +98,25 @@ TEST(Trace, RanLinesTimeAnEarlierUseLine) {
   }
 }
 
+// A `# mover` line names a live allocation the mover moved onto the device,
+// before the next event (pool-policy --moves brings it in there).
+TEST(Trace, MoverLinesNameALiveAllocationBeforeTheNextEvent) {
+  std::string error;
+  auto t = read(header + "a 0 100 0\na 1 50 0\n# mover 99423899 1 moved\nf 1\n# mover 99423950 0 moved\n", &error);
+  ASSERT_TRUE(t) << error;
+  ASSERT_EQ(t->moves.size(), 2u);
+  EXPECT_EQ(t->moves[0].id, 1u);
+  EXPECT_EQ(t->moves[0].before, 2u);
+  EXPECT_EQ(t->moves[1].id, 0u);
+  EXPECT_EQ(t->moves[1].before, 3u);
+  EXPECT_FALSE(read(header + "a 0 100 0\nf 0\n# mover 5 0 moved\n", &error));
+  EXPECT_NE(error.find("t:4: move of id 0, which is not live"), std::string::npos) << error;
+  for (const char* bad : {"# mover 5 0 parked\n", "# mover 5 0 moved twice\n", "# mover 0 moved\n"}) {
+    EXPECT_FALSE(read(header + "a 0 100 0\n" + bad, &error)) << bad;
+    EXPECT_NE(error.find("t:3: expected '# mover TIME_US ID moved'"), std::string::npos) << error;
+  }
+}
+
 // Lines since 2026-11-27 name the launching thread and function, and offsets.
 TEST(Trace, UseLinesMayNameTheirThreadTheirFunctionAndOffsets) {
   std::string error;
