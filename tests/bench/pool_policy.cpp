@@ -3,14 +3,7 @@
 // tens of GB replays in a moment. Prints, per trace, peak physical / peak
 // requested and the driver work the policy asked for (chunks made, mappings).
 // The figures equal replay-trace's on the emulator, which moves real bytes.
-//   pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES]
-//               [--per-step] [--place-by-use] [--pack-step] [--ran-times] [--plan-slower F] [--bring-in] [--bring-in-from STEP]
-//               [--bring-in-until STEP]
-//               [--recall-steps] [--scale F]
-//               [--misses-from STEP] [--passes N]
-//               [--lag CALLS] [--max-ratio R] [--max-steady-maps M] [--max-last-step-maps M]
-//               [--max-steady-cached-free F] [--max-last-step-passed BYTES] [--move-back-below F]
-//               [--check-backing] [--own-cost] TRACE...
+//   pool-policy [FLAGS] TRACE...   (run without a trace, it lists every flag)
 // --device-memory is the device's size; without it, a size that leaves the
 // pool as much of the device as it held when the device filled, where the
 // trace says (`# device full`, in gmem's own traces), else 80 GiB.
