@@ -177,8 +177,8 @@
     "reads a range out of order: on an H100 the GCN's index_add_ read its source "    \
     "there at 16 GB/s) brings them onto the device at its next launches, as "         \
     "bring_in does, whatever bring_in's trial says (on an H200 capped at 31G the "    \
-    "GCN kept its plan and stepped 2.7 s, against 5.2-5.3 s with 0; the LM once "     \
-    "settled 4.73 s against 4.88 s: docs/results.md); 0: never")                      \
+    "GCN kept its plan and stepped 2.70-2.73 s, against 5.25-5.28 s with 0; the LM "  \
+    "once settled 4.74 s against 4.88 s: docs/results.md); 0: never")                 \
   X(torch_retry, flag, "1",                                                          \
     "1: under pool:vmm, PyTorch's caching allocator (a cuMemAlloc called from "        \
     "libc10_cuda.so) gives its cached blocks back before anything spills: its first "  \
