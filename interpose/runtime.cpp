@@ -260,7 +260,6 @@ void initialise() {
                                 rt->config.bring_in, rt->config.evict_park, rt->config.move_back);
       rt->pool->bring_in_slow(rt->config.slow_launch.value);
       if (rt->config.pack_step) rt->pool->uses().pack_steps();
-      if (rt->config.pin_ahead) rt->pool->pin_ahead_of_trials();
       if (use_vmm) {
         rt->pool->vmm()->recall_by_step(rt->config.recall_steps);
         rt->pool->vmm()->check_mappings(rt->config.check_mappings);

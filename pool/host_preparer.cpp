@@ -36,20 +36,10 @@ void HostPreparer::wake() {
   wake_.notify_one();
 }
 
-void HostPreparer::add(std::size_t bytes) {
-  {
-    std::lock_guard lock(mutex_);
-    added_ += bytes;
-    failed_ = false;
-  }
-  wake_.notify_one();
-}
-
 bool HostPreparer::take(vmm::Chunk* out) {
   {
     std::lock_guard lock(mutex_);
     if (prepared_.empty()) return false;
-    added_ -= std::min(added_, unit_);
     // The oldest: a spill taking many sees the ones pinned ahead, not the
     // ones this take started.
     *out = std::move(prepared_.front());
@@ -62,13 +52,12 @@ bool HostPreparer::take(vmm::Chunk* out) {
 std::vector<vmm::Chunk> HostPreparer::drain() {
   std::lock_guard lock(mutex_);
   failed_ = true;
-  added_ = 0;
   std::vector<vmm::Chunk> out;
   out.swap(prepared_);
   return out;
 }
 
-bool HostPreparer::has_work() const { return stopping_ || (!failed_ && (prepared_.size() + 1) * unit_ <= target_ + added_); }
+bool HostPreparer::has_work() const { return stopping_ || (!failed_ && (prepared_.size() + 1) * unit_ <= target_); }
 
 void HostPreparer::run() {
   std::unique_lock lock(mutex_);

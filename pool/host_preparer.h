@@ -30,9 +30,6 @@ class HostPreparer {
   // The program is spilling, or about to: prepare up to the target again
   // (after a failed pin, too).
   void wake();
-  // Prepare `bytes` more than the target, once: the chunks taken count
-  // against them first, and are not prepared again.
-  void add(std::size_t bytes);
   // A prepared chunk (of `unit` bytes).
   bool take(vmm::Chunk* out);
   // Every prepared chunk, for the caller to give back; nothing more is
@@ -54,7 +51,6 @@ class HostPreparer {
   std::condition_variable wake_;
   bool stopping_ = false;
   bool failed_ = false;  // the last pin failed (budget or host): wait for the next wake()
-  std::size_t added_ = 0;  // add()'s bytes not yet taken
   std::vector<vmm::Chunk> prepared_;
   std::thread thread_;
 };

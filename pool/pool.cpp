@@ -217,10 +217,6 @@ void Pool::settle_timed() {
   }
 }
 
-void Pool::pin_ahead_of_trials() {
-  if (tiers_) uses_.tell_trial_ahead([this](int device, std::size_t bytes) { tiers_->prepare_more(device, bytes); });
-}
-
 bool Pool::slow_launch(CUfunction f) {
   if (!slow_below_ || !clock_) return false;
   settle_timed();

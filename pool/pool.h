@@ -213,11 +213,6 @@ class Pool {
   // its elementwise kernels ran at 500-800 GB/s of the ranges they
   // referenced (docs/results.md, fifty-fourth session).
   void bring_in_slow(double gbps) { slow_below_ = bring_in_ == BringIn::off ? 0 : gbps * 1e3; }
-  // pin_ahead: once a device's first step in the order requested ends, the
-  // host preparer pins what the device lacked at its peak during the next,
-  // for the plan's trial that follows (Uses::tell_trial_ahead). Set once,
-  // before use.
-  void pin_ahead_of_trials();
   // Whether `f` is such a slow kernel (settles the timed launches first).
   bool slow_launch(CUfunction f);
   // A launch is about to reference these ranges, each with at least

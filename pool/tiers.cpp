@@ -129,12 +129,6 @@ void Tiers::prepare_ahead(int device) {
   preparer_->wake();
 }
 
-void Tiers::prepare_more(int device, std::size_t bytes) {
-  std::lock_guard lock(mutex_);
-  prepare_ahead(device);
-  if (preparer_) preparer_->add(bytes);
-}
-
 CUresult Tiers::prepare_host(vmm::Location where, std::size_t size, vmm::Chunk* out) {
   {
     // Half the room at most: what the program asks for now comes first.

@@ -66,10 +66,6 @@ class Tiers final : public vmm::ChunkObserver {
   // for less, the smallest power-of-two multiple of the granularity that
   // holds `want`. A free spilled chunk no larger serves as well as a new one.
   std::size_t host_chunk(int device, std::size_t want);
-  // The preparer (started if need be, unless host_prepare is 0) pins
-  // `bytes` more than host_prepare ahead of `device`'s need, once (within
-  // half the host budget's room, as always).
-  void prepare_more(int device, std::size_t bytes);
   // Whether any chunk of `device` lives in a tier (cheap: one atomic load).
   bool spilled(int device) const;
   // Whether any device's does (as cheap).

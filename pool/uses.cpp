@@ -143,8 +143,7 @@ void Uses::stepped(int device, Device& d, int64_t now_ns, const Work& work) {
   switch (d.trial) {
     case Trial::ordered:
       d.ordered_ns = d.ordered_ns ? std::min(d.ordered_ns, step) : step;
-      if (++d.ordered_steps == 1 && ahead_ && d.lacked) ahead_(device, d.lacked);
-      if (d.ordered_steps == 2) {
+      if (++d.ordered_steps == 2) {
         d.trial = Trial::planned;
         d.replan = true;
       }

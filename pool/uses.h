@@ -188,12 +188,6 @@ class Uses {
   // bring_in=B evict=E" as they stand after it (for the trace: which steps
   // each trial timed). Set once, before use.
   void tell_steps(std::function<void(const std::string&)> told) { told_ = std::move(told); }
-  // Told of a device whose plan's trial begins after the next step (the first
-  // step in the order requested has ended), with what the device lacked at its
-  // last peak: host memory the trial's steps would pin while the job waits,
-  // which can be pinned during that step (pin_ahead; under the lock of this,
-  // not to call back). Set once, before use.
-  void tell_trial_ahead(std::function<void(int, std::size_t)> ahead) { ahead_ = std::move(ahead); }
 
   struct Figures {
     uint64_t allocations = 0;  // freed, of this size
@@ -444,7 +438,6 @@ class Uses {
   Evict evict_ = Evict::off;
   std::function<void(int)> switched_;
   std::function<void(const std::string&)> told_;
-  std::function<void(int, std::size_t)> ahead_;
   std::atomic<bool> bringing_in_{false};
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Kind> kinds_;

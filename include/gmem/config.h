@@ -114,13 +114,6 @@
     "lives are packed onto the device's room, the costliest first, each on the "     \
     "device as far as it fits through its life, the rest off it (pool/uses.h); 0: "  \
     "the plan places the kinds alive at the peak")                                     \
-  X(pin_ahead, flag, "0",                                                            \
-    "1 (an experiment, not yet run on a GPU): with place_by_use and host_prepare, "  \
-    "once a device's first step in the order requested ends, the host preparer "    \
-    "pins as much host memory as the device lacked at that step's peak during the "  \
-    "next, for the plan's trial after it, whose steps otherwise pin it while the "   \
-    "job waits (the GCN capped at 31G on an H200: 4.7 s in one step); 0: the "        \
-    "preparer keeps host_prepare ready")                                              \
   X(recall_steps, flag, "1",                                                         \
     "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
     "more repeat the last step's (their sizes, in order), each takes the range that " \

@@ -366,30 +366,6 @@ TEST(Uses, NothingIsPlannedWhileAPeerHoldsPartOfThePeak) {
 
 // The plan stays if its step is at least 5% shorter than the shortest in the
 // order requested; else the order comes back.
-// pin_ahead: once the first step in the order requested has ended (timed at
-// the second peak), the device is told, once, with what it lacked at its
-// last peak (B's 192 MiB less 64 of room), a step before the plan's trial.
-TEST(Uses, ADeviceIsToldWhatItLackedAStepBeforeThePlansTrial) {
-  Job job(true, 64 * mib);
-  std::vector<std::pair<int, std::size_t>> told;
-  job.uses().tell_trial_ahead([&](int device, std::size_t bytes) { told.emplace_back(device, bytes); });
-  job.step();
-  job.step();
-  EXPECT_TRUE(told.empty()) << "before a step was timed";
-  job.step();
-  EXPECT_EQ(told, (std::vector<std::pair<int, std::size_t>>{{0, 128 * mib}}));
-  for (int i = 3; i < ordered_steps; ++i) EXPECT_EQ(job.step(), (Off{0, 0, 0})) << "still in the order requested";
-  EXPECT_EQ(job.step(), (Off{128 * mib, 0, 0})) << "the plan's trial";
-  for (int i = 0; i < 4; ++i) job.step();
-  EXPECT_EQ(told.size(), 1u) << "told once";
-  // With room at the peak it lacked nothing: not told.
-  Job roomy(true, 512 * mib);
-  bool any = false;
-  roomy.uses().tell_trial_ahead([&](int, std::size_t) { any = true; });
-  for (int i = 0; i < ordered_steps + 2; ++i) roomy.step();
-  EXPECT_FALSE(any);
-}
-
 TEST(Uses, ThePlanIsKeptOnlyIfItsStepsAreShorter) {
   // The mean of two steps with the plan (a step timed from peak to peak is
   // short or long as the peak moves within it): 84 and 104 ms are 94, 5%
