@@ -33,9 +33,12 @@ step times (default): --sizes S... [--reference R]
   _cached_free_at_peak (of what gmem
   held at the last whole step's peak while it spilled, the share no allocation
   used; from report:1) and spill_<job>_<R>_in_memory_step_ms. With 3 timed
-  steps or more, also _steady_step_ms, _steady_vs_in_memory_scaled and
-  _steady_step_vs_pcie_limit: the median of the last 3 timed steps, and of
-  their steps / limits. gmem's trials of placement take the first steps of a
+  steps or more, also _steady_step_ms, _steady_vs_in_memory_scaled,
+  _steady_step_vs_pcie_limit and _steady_step_vs_pcie_in_turn: the median of
+  the last 3 timed steps, and of their steps / limits and steps / the time of
+  their bytes with the two directions one after the other (near 1, kernels
+  over host memory moved bytes one way at a time, and only fewer bytes make
+  the step shorter). gmem's trials of placement take the first steps of a
   spilled run (pool/uses.h), and the median of all steps mixes them in: run
   enough steps (10 or more) for the last 3 to be past them.
   A size that runs out of memory is a row saying so (and fails the run with
@@ -167,7 +170,8 @@ def step_times(args):
                                 ("step_vs_pcie_limit", "step_vs_pcie_limit", "x"),
                                 ("steady_step_ms", "steady_step_ms", "ms"),
                                 ("steady_vs_in_memory_scaled", "steady_vs_in_memory_scaled", "x"),
-                                ("steady_step_vs_pcie_limit", "steady_step_vs_pcie_limit", "x")):
+                                ("steady_step_vs_pcie_limit", "steady_step_vs_pcie_limit", "x"),
+                                ("steady_step_vs_pcie_in_turn", "steady_step_vs_pcie_in_turn", "x")):
             if key in f:
                 print(f"BENCH spill_{args.job}_{size}_{name} {f[key]:.3f} {unit}")
         if "first_vs_steady" in f:
@@ -194,6 +198,13 @@ def pcie_figures(r, gbps):
     return f
 
 
+def in_turn_ms(step, gbps):
+    """The time a step's PCIe traffic takes with its two directions one after
+    the other: what a job whose kernels over host memory each move bytes one
+    way (write to host, then read back) is bound by."""
+    return sum(step) / (gbps * GB) * 1e3
+
+
 def steady_figures(r, gbps, last=3):
     """The last `last` timed steps' median time, and the median of their
     steps / limits where each has its PCIe bytes; nothing with fewer steps."""
@@ -206,6 +217,8 @@ def steady_figures(r, gbps, last=3):
         ratios = [ms / limit_ms(b, gbps) for ms, b in zip(steps, pcie[-last:]) if limit_ms(b, gbps)]
         if ratios:
             f["steady_step_vs_pcie_limit"] = statistics.median(ratios)
+            f["steady_step_vs_pcie_in_turn"] = statistics.median(
+                ms / in_turn_ms(b, gbps) for ms, b in zip(steps, pcie[-last:]))
     return f
 
 
@@ -227,7 +240,8 @@ def step_lines(r, gbps, sequences):
             to_device, to_host = r["pcie_bytes"][i]
             limit = limit_ms((to_device, to_host), gbps)
             line += (f", over PCIe {to_device / GB:.2f} GB to the device and {to_host / GB:.2f} GB to the host, "
-                     f"limit {limit:.1f} ms" + (f", step / limit {ms / limit:.2f}" if limit else ""))
+                     f"limit {limit:.1f} ms" + (f", step / limit {ms / limit:.2f}" if limit else "")
+                     + (f", both directions in turn {in_turn_ms((to_device, to_host), gbps):.1f} ms" if limit else ""))
         if i < len(r.get("host_access_bytes", [])):
             line += f"; gmem's estimate {r['host_access_bytes'][i] / GB:.2f} GB"
         out.append(line)
