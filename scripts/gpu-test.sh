@@ -9,8 +9,8 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, torch-default-lm,
-#     torch-default-losses) run only when named in full.
+#     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, spill-capped,
+#     torch-default-lm, torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -696,7 +696,28 @@ spill_tried_lm() {
   stop_gmemd "$pool"
   return "$rc"
 }
-export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm  # defined after the others were exported
+# Issue 14's table on one GPU, each ratio against an in-memory step of the
+# same run: the GCN at 2.6M nodes (61.8 GB used at its peak) capped at 31G and
+# 44G (2.0x and 1.4x of the cap), against the same size in memory; the LM at
+# lm_sizing's size against 176 in memory. No gmemd: the first spilled step pins
+# its own host memory. spill_train's BENCH lines give each steady step against
+# the in-memory one, its PCIe limit and its bytes' time one way at a time (its
+# "x GPU memory" is gmem's reserved peak over the whole GPU, not the cap). On
+# an H100 in the fifty-seventh session (docs/results.md): the GCN 2.57-2.82 s
+# at 31G and 1.17-1.50 s at 44G against 213 ms in memory; the LM 8.6 s against
+# 270 ms at 176.
+spill_capped() {
+  local dir=$out/spill-capped rc=0 size budget pool_size cap
+  for cap in 31G 44G; do
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/gnn-$cap" --job gnn --sizes 2600000 \
+      --reference 2600000 --warmup 1 --steps 16 --timeout 200 --conf "host_budget:85%,device_budget:$cap" || rc=1
+  done
+  lm_sizing
+  python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/lm" --job lm --sizes "$size" --reference 176 \
+    --warmup 1 --steps 11 --timeout 250 --conf "host_budget:85%$budget" || rc=1
+  return "$rc"
+}
+export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
@@ -705,6 +726,9 @@ if named spill-park-lm; then
 fi
 if named spill-tried-lm; then
   step spill-tried-lm 580 spill_tried_lm
+fi
+if named spill-capped; then
+  step spill-capped 580 spill_capped
 fi
 
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
