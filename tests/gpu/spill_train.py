@@ -218,7 +218,7 @@ def steady_figures(r, gbps, last=3):
         if ratios:
             f["steady_step_vs_pcie_limit"] = statistics.median(ratios)
             f["steady_step_vs_pcie_in_turn"] = statistics.median(
-                ms / in_turn_ms(b, gbps) for ms, b in zip(steps, pcie[-last:]))
+                ms / in_turn_ms(b, gbps) for ms, b in zip(steps, pcie[-last:]) if limit_ms(b, gbps))
     return f
 
 
