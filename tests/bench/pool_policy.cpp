@@ -326,7 +326,10 @@ int replay(const std::string& path) {
       next_use = next_move = 0;
     }
     for (; next_move < trace->moves.size() && trace->moves[next_move].before == i % events; ++next_move) {
-      if (replay_moves && tiers) clock_ns += bring_in(pool, *tiers, driver, {trace->moves[next_move].id}, live, live_bytes);
+      if (!replay_moves || !tiers) continue;
+      const uint64_t before = brought_in;
+      clock_ns += bring_in(pool, *tiers, driver, {trace->moves[next_move].id}, live, live_bytes);
+      if (check_backing && brought_in > before) backing_ok &= backing.recheck(live, live_bytes, i % events);
     }
     for (; next_use < trace->uses.size() && trace->uses[next_use].before == i % events; ++next_use) {
       const gmem::trace::Trace::Use& use = trace->uses[next_use];
