@@ -262,6 +262,7 @@ void initialise() {
       if (rt->config.pack_step) rt->pool->uses().pack_steps();
       if (use_vmm) {
         rt->pool->vmm()->recall_by_step(rt->config.recall_steps);
+        rt->pool->vmm()->keep_host_ranges(rt->config.keep_host_ranges);
         rt->pool->vmm()->check_mappings(rt->config.check_mappings);
         if (rt->config.check_moves) {
           // Moves back read through dedup's hash kernel (the SMs) and a copy to the host.

@@ -85,24 +85,41 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
       return status;
     }
   }
-  work.maps += pieces.size();
+  *out = &enlist(std::move(range), std::move(pieces), true);
+  return CUDA_SUCCESS;
+}
+
+Range& Ranges::cache_mapped(std::vector<Piece*> pieces, int device, vmm::Reservation va) {
+  auto range = std::make_unique<Range>();
+  range->device = device;
+  range->id = ++made_;
+  range->va = std::move(va);
+  Range& r = enlist(std::move(range), std::move(pieces), false);
+  r.blocks.resize(1);  // free
+  cache(r);
+  return r;
+}
+
+Range& Ranges::enlist(std::unique_ptr<Range> range, std::vector<Piece*> pieces, bool hold) {
+  const int device = range->device;
+  books_[device].work.maps += pieces.size();
   for (Piece* p : pieces) {
     join(*p, *range);
-    pieces_.hold(*p, range.get());
+    if (hold) pieces_.hold(*p, range.get());
   }
   books_.publish(device, GMEM_STAT_mappings, int64_t(pieces.size()));
   if (pieces.size() > 1) books_.publish(device, GMEM_STAT_stitched_ranges, 1);
   range->pieces = std::move(pieces);
-  *out = range.get();
   if (access_) {
     std::size_t host = 0, peer = 0;
     for (const Piece* p : range->pieces) {
       if (p->spilled) (p->memory.location().in_host_memory() ? host : peer) += p->memory.size();
     }
-    access_->add(range->va.base(), total, device, host, peer);
+    access_->add(range->va.base(), range->va.size(), device, host, peer);
   }
-  ranges_.emplace(range->va.base(), std::move(range));
-  return CUDA_SUCCESS;
+  Range& r = *range;
+  ranges_.emplace(r.va.base(), std::move(range));
+  return r;
 }
 
 void Ranges::join(Piece& piece, Range& range) {
@@ -154,8 +171,8 @@ Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, St
   auto best = cached.end();
   for (auto it = cached.lower_bound(rounded); it != cached.end() && it->first <= most_spilled; ++it) {
     if (best != cached.end() && it->first != best->first) break;
-    if ((best == cached.end() || it->second->id < best->second->id) && placed(*it->second) &&
-        ready(*it->second, stream)) {
+    if ((best == cached.end() || it->second->id < best->second->id) && !it->second->stands_in &&
+        placed(*it->second) && ready(*it->second, stream)) {
       best = it;
     }
   }
@@ -165,6 +182,7 @@ Range* Ranges::take_cached(int device, std::size_t rounded, std::size_t most, St
 Range* Ranges::take(CachedRanges& cached, CachedRanges::iterator entry) {
   Range* range = entry->second;
   cached.erase(entry);
+  range->stands_in = false;
   // Its last free stays recorded: a range taken and put back unused
   // (Stitcher::remake's `old`) is still used by the work queued before it.
   for (Piece* p : range->pieces) pieces_.hold(*p, range);

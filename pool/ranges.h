@@ -59,6 +59,9 @@ struct Range {
   bool exported = false;  // CUDA IPC: other processes may map its chunks
   bool moving = false;    // its chunks are being replaced (VmmPool::plan_move)
   bool placed_by_use = false;  // its last request asked for bytes off the device (pool/uses.h)
+  // Cached for the requests that recalled the range it stands in for
+  // (keep_host_ranges), and taken by no other until one of them took it.
+  bool stands_in = false;
   // Whole ranges: their last free, that kernels may use its addresses
   // before (its chunks may serve others sooner, on the same stream); kept
   // while the range serves again, until its next free.
@@ -87,6 +90,9 @@ class Ranges {
 
   // A new range on `device` over `pieces` in order; they are held by it.
   CUresult map(std::vector<Piece*> pieces, int device, Range** out);
+  // A new free whole range, cached, over free `pieces` already mapped in
+  // order at `va` (with the device's access).
+  Range& cache_mapped(std::vector<Piece*> pieces, int device, vmm::Reservation va);
   // Unmaps a free range (a cached one leaves the cache); its chunks stay.
   void unmap(Range& range);
   // The range holding `ptr`; null if none.
@@ -162,6 +168,9 @@ class Ranges {
 
   // Out of the cache, its chunks held.
   Range* take(CachedRanges& cached, CachedRanges::iterator entry);
+  // `range`, its addresses mapped over `pieces` in order, joins the books,
+  // each piece listing it (held by it with `hold`).
+  Range& enlist(std::unique_ptr<Range> range, std::vector<Piece*> pieces, bool hold);
 
   const vmm::Driver& driver_;
   Books& books_;

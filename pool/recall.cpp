@@ -39,6 +39,14 @@ void Recall::unserve(uint64_t id) {
   last.back() = Served{};
 }
 
+void Recall::stand_in(Served from, Served to) {
+  for (auto& [key, last] : served_) {
+    for (Served& s : last) {
+      if (s.id == from.id && s.base == from.base) s = to;
+    }
+  }
+}
+
 std::string Recall::Missed::text() const {
   const std::string in_use = std::to_string(held) + " bytes (" + std::to_string(held_off) +
                              " off the device) in use through " + std::to_string(holders) + " other ranges";

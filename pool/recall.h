@@ -73,6 +73,9 @@ class Recall {
   // request again: the request was refused (pool/pool.h's veto), and the
   // memory a program then gives back for its retry must serve it.
   void unserve(uint64_t id);
+  // What `from` served is to be served by `to` (keep_host_ranges: the host
+  // chunks of a range moved onto the device, mapped at an address of their own).
+  void stand_in(Served from, Served to);
 
  private:
   std::unordered_map<std::size_t, uint32_t> live_;  // whole-range allocations live, by rounded size

@@ -58,6 +58,20 @@ class VmmPool {
   // A driver call per chunk: for finding where the books and the mappings
   // part, not for speed. Set before use.
   void check_mappings(bool on) { check_mappings_ = on; }
+  // keep_host_ranges: where move_in brings onto the device a range that lay
+  // wholly in host memory, its host chunks stay mapped in a cached range of
+  // their own, mapped at a new address while the copy runs, which stands in
+  // for the range moved for the requests that recall it (Recall::stand_in,
+  // and the last step's requests) and serves no other until one of them took
+  // it. Else they are unmapped, and a request that repeats each step maps
+  // them again: the GCN at twice an H100 capped at 31G did so every step, 100
+  // host chunks in 200-310 ms with its stream out of work, its forward's
+  // 26.6 GB product taking the range its backward's product had lain in
+  // before the mover brought that in (docs/results.md, fifty-seventh
+  // session). Giving the device access to host memory costs about 21 ms per
+  // GB while the copy engines run, about what the copy itself takes. Set
+  // before use.
+  void keep_host_ranges(bool on) { keep_host_ = on; }
   // check_moves: each chunk moved back is read before and after the move
   // (Work::move_checks): `through_kernels` hashes device memory as kernels
   // see it (false where it cannot), `through_copy` as a copy reads it. The
@@ -239,6 +253,11 @@ class VmmPool {
     vmm::Reservation staging;
     std::vector<std::size_t> at;  // each part's offset in `staging`
     std::size_t staged = 0;       // bytes mapped there
+    // keep_host_ranges: the range's host chunks, in order, and the address
+    // they are mapped at besides while they are copied (kept_mapped: how many).
+    std::vector<Piece*> kept;
+    vmm::Reservation keep;
+    std::size_t kept_mapped = 0;
   };
   // Under the lock: sets out the move of the live range at `base` as far as
   // the chunks it goes to can be had (free ones whose frees completed, then
@@ -265,6 +284,10 @@ class VmmPool {
   // holds the new chunks and the old ones are free; else the new ones are.
   // The range is no longer moving.
   void finish_move(Move& move, bool done);
+  // keep_host_ranges: `move.kept` mapped in order at `move.keep` (as far as
+  // that goes: kept_mapped), with no lock held; finish_move caches the range
+  // where the move was done and all were mapped, else unmaps them.
+  void map_kept(Move& move);
   // Evictions park (evict_park; set once, before use): a range's content goes
   // into host chunks mapped once at addresses of their own (Piece::home), and
   // its device chunks are unmapped with nothing mapped in their place, so that
@@ -403,6 +426,7 @@ class VmmPool {
                                                 std::size_t k);
   bool recall_by_step_ = false;
   bool check_mappings_ = false;
+  bool keep_host_ = false;
   ContentReader reader_;  // check_moves
   // check_moves: chunks moved from, out of use (held by Pieces::chosen)
   // until the request `until`, with their content as the move found it.

@@ -133,8 +133,24 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
     i = end;
   }
   if (out->parts.empty()) return false;
+  const bool wholly_host = std::all_of(pieces.begin(), pieces.end(), [](const Piece* p) {
+    return p->spilled && !p->parked && p->memory.location().in_host_memory();
+  });
+  if (keep_host_ && !to_host && wholly_host && out->bytes == range->va.size()) {
+    out->kept = pieces;
+  }
   range->moving = true;
   return true;
+}
+
+void VmmPool::map_kept(Move& move) {
+  Timer timer(move.driver_ns);
+  if (vmm::Reservation::reserve(driver_, move.range->va.size(), &move.keep) != CUDA_SUCCESS) return;
+  for (std::size_t offset = 0; move.kept_mapped < move.kept.size(); ++move.kept_mapped) {
+    const vmm::Chunk& memory = move.kept[move.kept_mapped]->memory;
+    if (move.keep.map(offset, memory, move.device) != CUDA_SUCCESS) return;
+    offset += memory.size();
+  }
 }
 
 CUresult VmmPool::home(Piece& piece, int device) {
@@ -248,6 +264,13 @@ void VmmPool::finish_move(Move& move, bool done) {
     move.staging.unmap(0, move.staged);
     move.staged = 0;
   }
+  const bool keep = done && !move.kept.empty() && move.kept_mapped == move.kept.size();
+  if (move.kept_mapped && !keep) {
+    Timer timer(move.driver_ns);
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < move.kept_mapped; ++i) bytes += move.kept[i]->memory.size();
+    move.keep.unmap(0, bytes);
+  }
   std::lock_guard lock(mutex_);
   Range& range = *move.range;
   Book& b = books_[move.device];
@@ -278,6 +301,20 @@ void VmmPool::finish_move(Move& move, bool done) {
       offset += p->memory.size();
     }
     maps += parking ? 0 : part.to.size();
+  }
+  // The host chunks, free now and mapped besides, serve the requests the
+  // range served that recall it (keep_host_ranges).
+  if (keep) {
+    Range& kept = ranges_.cache_mapped(std::move(move.kept), move.device, std::move(move.keep));
+    kept.stands_in = true;
+    const Recall::Served from{range.va.base(), range.id}, to{kept.va.base(), kept.id};
+    recall_[move.device].stand_in(from, to);
+    Steps& steps = steps_[move.device];
+    for (auto* requests : {&steps.served, &steps.before}) {
+      for (Steps::Request& r : *requests) {
+        if (r.served.id == from.id && r.served.base == from.base) r.served = to;
+      }
+    }
   }
   b.work.driver_ns += move.driver_ns;
   if (done) {
@@ -355,8 +392,9 @@ void VmmPool::unpark_all() {
 std::size_t VmmPool::move_in(CUdeviceptr base) {
   Move move;
   if (!plan_move(base, false, &move)) return 0;
-  const bool done = stage(move) == CUDA_SUCCESS && copy(move, nullptr) == CUDA_SUCCESS &&
-                    driver_.cuStreamSynchronize(nullptr) == CUDA_SUCCESS && remap(move) == CUDA_SUCCESS;
+  const bool copied = stage(move) == CUDA_SUCCESS && copy(move, nullptr) == CUDA_SUCCESS;
+  if (copied && !move.kept.empty()) map_kept(move);  // while the copy runs
+  const bool done = copied && driver_.cuStreamSynchronize(nullptr) == CUDA_SUCCESS && remap(move) == CUDA_SUCCESS;
   finish_move(move, done);
   return done ? move.bytes : 0;
 }

@@ -126,6 +126,14 @@
     "where requests of one size would take each other's ranges (docs/results.md); "  \
     "0: a request takes the range that served it last by its size and the "          \
     "allocations of that size live")                                                 \
+  X(keep_host_ranges, flag, "0",                                                    \
+    "1 (an experiment, not yet run on a GPU): with pool:vmm, where the mover brings " \
+    "onto the device a range that lay wholly in host memory, its host chunks stay " \
+    "mapped at an address of their own, mapped while the copy runs, as a cached "   \
+    "range that serves the requests that recalled the range moved; 0: they are "    \
+    "unmapped, and such a request that repeats each step maps a range of host "     \
+    "chunks again (the GCN capped at 31G of an H100: 100 host chunks a step, "      \
+    "200-310 ms with its stream out of work: docs/results.md)")                      \
   X(plan_file, file, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \

@@ -68,6 +68,9 @@
 // they settle as they do bringing in from the start.
 // --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step), the
 // shim's default; without it, as recall_steps:0 (the tests' recorded guards).
+// --keep-host-ranges replays with keep_host_ranges:1 (VmmPool::keep_host_ranges):
+// with --moves or --bring-in, a range brought in whole from host memory where
+// placing by use put it leaves its host chunks mapped in a cached range.
 // --scale F replays every request of 1 MiB or more F times as large: the
 // recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
@@ -110,7 +113,8 @@ double max_ratio = 0, max_steady_maps = -1, max_last_step_maps = -1, max_steady_
 std::size_t passes = 1;
 double scale = 1;
 std::size_t device_memory = 0, host_memory = 0, host_chunk = std::size_t{256} << 20, peer_memory = 0;
-bool per_step = false, replay_moves = false, place_by_use = false, pack_step = false, ran_times = false, bring_in_always = false, recall_steps = false;
+bool per_step = false, replay_moves = false, place_by_use = false, pack_step = false, ran_times = false, bring_in_always = false, recall_steps = false,
+     keep_host_ranges = false;
 double plan_slower = 1;
 uint64_t brought_in = 0;  // ranges, by --bring-in
 int bring_in_from = 0, bring_in_until = INT32_MAX;  // --bring-in-from, --bring-in-until
@@ -256,6 +260,7 @@ int replay(const std::string& path) {
   if (host_memory || peer_memory) tiers.emplace(driver, budgets, nullptr, host_memory);
   gmem::pool::VmmPool pool(driver, nullptr, gmem::pool::VmmPool::default_headroom, tiers ? &*tiers : nullptr);
   pool.recall_by_step(recall_steps);
+  pool.keep_host_ranges(keep_host_ranges);
   // With --place-by-use: what launches reference, fed from the use lines, and
   // the placement learned from it; time is what the launches' passes take.
   std::optional<gmem::pool::AccessTable> table;
@@ -589,6 +594,8 @@ int main(int argc, char** argv) {
       place_by_use = pack_step = true;
     } else if (a == "--recall-steps") {
       recall_steps = true;
+    } else if (a == "--keep-host-ranges") {
+      keep_host_ranges = true;
     } else if (a == "--scale" && i + 1 < argc) {
       scale = std::strtod(argv[++i], nullptr);
       if (!(scale > 0)) {
@@ -642,7 +649,7 @@ int main(int argc, char** argv) {
   if (!traces) {
     fprintf(stderr,
             "usage: pool-policy [--device-memory BYTES] [--host-memory BYTES] [--host-chunk BYTES] [--peer-memory BYTES] "
-            "[--per-step] [--place-by-use] [--pack-step] [--ran-times] [--recall-steps] [--plan-slower F] "
+            "[--per-step] [--place-by-use] [--pack-step] [--ran-times] [--recall-steps] [--keep-host-ranges] [--plan-slower F] "
             "[--bring-in] [--bring-in-from STEP] [--bring-in-until STEP] [--moves] [--scale F] "
             "[--misses-from STEP] [--passes N] [--lag CALLS] [--max-ratio R] [--max-steady-maps M] "
             "[--max-last-step-maps M] [--max-steady-cached-free F] [--max-last-step-passed BYTES] "

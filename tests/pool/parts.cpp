@@ -902,6 +902,55 @@ TEST(BringIn, ARangeComesInOnOneDeviceChunk) {
   EXPECT_TRUE(accounting::holds(spilled.base, spilled.size, 5));
 }
 
+// keep_host_ranges: a range that lay wholly in host memory, brought in,
+// leaves its host chunks mapped in a cached range of their own, which the
+// request that recalls the range serves from with no mapping, where the
+// device is full again (the GCN capped at 31G of an H100 mapped 100 host
+// chunks each step without: docs/results.md, fifty-seventh session).
+// Without it, the same request maps its host chunks again.
+TEST(BringIn, KeptHostChunksServeTheRequestThatRecallsTheRangeBroughtIn) {
+  for (const bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_host_ranges:1" : "keep_host_ranges:0");
+    accounting::reset(std::size_t{64} * MiB);
+    accounting::accounts.cell = 4096;
+    const vmm::Driver driver = accounting::driver();
+    Tiers tiers(driver, host_tier_budgets(), nullptr, 256 * MiB);
+    VmmPool pool(driver, nullptr, VmmPool::default_headroom, &tiers);
+    pool.keep_host_ranges(keep);
+    CUcontext context = nullptr;
+    ASSERT_EQ(driver.cuCtxGetCurrent(&context), CUDA_SUCCESS);
+    Block room, spilled, other;
+    ASSERT_EQ(pool.alloc(&room, 64 * MiB, 0, context, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(pool.alloc(&spilled, 32 * MiB, 0, context, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(tiers.split(spilled.base, spilled.size).host, 32 * MiB) << "wholly in host memory";
+    ASSERT_EQ(pool.alloc(&other, 16 * MiB, 0, context, 1, false), CUDA_SUCCESS);  // spilled all through
+    ASSERT_EQ(tiers.split(other.base, other.size).host, 16 * MiB);
+    ASSERT_TRUE(accounting::write(spilled.base, spilled.size, 7));
+    ASSERT_EQ(pool.free(room.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.move_in(spilled.base), 32 * MiB);
+    EXPECT_TRUE(accounting::holds(spilled.base, spilled.size, 7));
+    ASSERT_EQ(pool.free(spilled.base), CUDA_SUCCESS);
+    // The device full again, and the same request comes, placed off the
+    // device by use (as the GCN's came).
+    ASSERT_EQ(pool.alloc(&room, 64 * MiB, 0, context, 1, false), CUDA_SUCCESS);
+    ASSERT_EQ(tiers.split(room.base, room.size).host, 0u);
+    const uint64_t maps = pool.work(0).maps, hits = pool.work(0).hits;
+    Block again;
+    ASSERT_EQ(pool.alloc(&again, 32 * MiB, 0, context, 1, false, 32 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(tiers.split(again.base, again.size).host, 32 * MiB);
+    if (keep) {
+      EXPECT_EQ(pool.work(0).maps, maps) << "served by the kept host chunks' own range";
+      EXPECT_EQ(pool.work(0).hits, hits + 1);
+      EXPECT_NE(again.base, spilled.base);
+    } else {
+      EXPECT_GT(pool.work(0).maps, maps) << "its host chunks mapped again";
+    }
+    ASSERT_EQ(pool.free(again.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(room.base), CUDA_SUCCESS);
+    ASSERT_EQ(pool.free(other.base), CUDA_SUCCESS);
+  }
+}
+
 TEST(CheckMoves, MovesBackAreReadBeforeAndAfter) {
   accounting::reset(std::size_t{64} * MiB);
   const vmm::Driver driver = accounting::driver();
