@@ -62,8 +62,8 @@ class VmmPool {
   // wholly in host memory, its host chunks stay mapped in a cached range of
   // their own, mapped at a new address while the copy runs, which stands in
   // for the range moved for the requests that recall it (Recall::stand_in,
-  // and the last step's requests) and serves no other until one of them took
-  // it. Else they are unmapped, and a request that repeats each step maps
+  // and the step's requests so far, for the next step's recall_by_step) and
+  // serves no other until one of them took it. Else they are unmapped, and a request that repeats each step maps
   // them again: the GCN at twice an H100 capped at 31G did so every step, 100
   // host chunks in 200-310 ms with its stream out of work, its forward's
   // 26.6 GB product taking the range its backward's product had lain in
