@@ -42,7 +42,7 @@ void Recall::unserve(uint64_t id) {
 void Recall::stand_in(Served from, Served to) {
   for (auto& [key, last] : served_) {
     for (Served& s : last) {
-      if (s.id == from.id && s.base == from.base) s = to;
+      if (s == from) s = to;
     }
   }
 }

@@ -36,6 +36,7 @@ class Recall {
   struct Served {
     CUdeviceptr base = 0;
     uint64_t id = 0;
+    bool operator==(const Served&) const = default;
   };
 
   // Why the range that served a request last did not serve it again, where

@@ -63,14 +63,14 @@ class VmmPool {
   // their own, mapped at a new address while the copy runs, which stands in
   // for the range moved for the requests that recall it (Recall::stand_in,
   // and the step's requests so far, for the next step's recall_by_step) and
-  // serves no other until one of them took it. Else they are unmapped, and a request that repeats each step maps
-  // them again: the GCN at twice an H100 capped at 31G did so every step, 100
-  // host chunks in 200-310 ms with its stream out of work, its forward's
-  // 26.6 GB product taking the range its backward's product had lain in
-  // before the mover brought that in (docs/results.md, fifty-seventh
-  // session). Giving the device access to host memory costs about 21 ms per
-  // GB while the copy engines run, about what the copy itself takes. Set
-  // before use.
+  // serves no other until one of them took it. Else they are unmapped, and a
+  // request that repeats each step maps them again: the GCN at twice an H100
+  // capped at 31G did so every step, 100 host chunks in 200-310 ms with its
+  // stream out of work, its forward's 26.6 GB product taking the range its
+  // backward's product had lain in before the mover brought that in
+  // (docs/results.md, fifty-seventh session). Giving the device access to
+  // host memory costs about 21 ms per GB while the copy engines run, about
+  // what the copy itself takes. Set before use.
   void keep_host_ranges(bool on) { keep_host_ = on; }
   // check_moves: each chunk moved back is read before and after the move
   // (Work::move_checks): `through_kernels` hashes device memory as kernels

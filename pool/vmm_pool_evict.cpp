@@ -133,11 +133,11 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
     i = end;
   }
   if (out->parts.empty()) return false;
-  const bool wholly_host = std::all_of(pieces.begin(), pieces.end(), [](const Piece* p) {
-    return p->spilled && !p->parked && p->memory.location().in_host_memory();
-  });
-  if (keep_host_ && !to_host && wholly_host && out->bytes == range->va.size()) {
-    out->kept = pieces;
+  if (keep_host_ && !to_host && out->bytes == range->va.size() &&
+      std::all_of(pieces.begin(), pieces.end(), [](const Piece* p) {
+        return p->spilled && !p->parked && p->memory.location().in_host_memory();
+      })) {
+    out->kept = pieces;  // wholly in host memory
   }
   range->moving = true;
   return true;
@@ -315,7 +315,7 @@ void VmmPool::finish_move(Move& move, bool done) {
     // the range would be spared for them (due_after), its chunks kept from others
     // (replayed on lm-h200-slow-ran, 36 misses in steps 9-11 against 20 so).
     for (Steps::Request& r : steps.served) {
-      if (r.served.id == from.id && r.served.base == from.base) r.served = to;
+      if (r.served == from) r.served = to;
     }
   }
   b.work.driver_ns += move.driver_ns;

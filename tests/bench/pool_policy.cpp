@@ -69,8 +69,8 @@
 // --recall-steps replays with recall_steps:1 (VmmPool::recall_by_step), the
 // shim's default; without it, as recall_steps:0 (the tests' recorded guards).
 // --keep-host-ranges replays with keep_host_ranges:1 (VmmPool::keep_host_ranges):
-// with --moves or --bring-in, a range brought in whole from host memory where
-// placing by use put it leaves its host chunks mapped in a cached range.
+// with --moves or --bring-in, a range brought in that lay wholly in host
+// memory leaves its host chunks mapped in a cached range.
 // --scale F replays every request of 1 MiB or more F times as large: the
 // recorded job at another size (a GCN's tensors scale with its nodes).
 // --own-cost times the pool's own CPU cost of a cache hit (alloc + stream-
