@@ -127,13 +127,15 @@
     "0: a request takes the range that served it last by its size and the "          \
     "allocations of that size live")                                                 \
   X(keep_host_ranges, flag, "0",                                                    \
-    "1 (an experiment, not yet run on a GPU): with pool:vmm, where the mover brings " \
-    "onto the device a range that lay wholly in host memory, its host chunks stay " \
-    "mapped at an address of their own, mapped while the copy runs, as a cached "   \
-    "range that serves the requests that recalled the range moved; 0: they are "    \
-    "unmapped, and such a request that repeats each step maps a range of host "     \
-    "chunks again (the GCN capped at 31G of an H100: 100 host chunks a step, "      \
-    "200-310 ms with its stream out of work: docs/results.md)")                      \
+    "1 (an experiment): with pool:vmm, where the mover brings onto the device a "    \
+    "range that lay wholly in host memory, its host chunks stay mapped at an "       \
+    "address of their own, mapped while the copy runs, as a cached range that "      \
+    "serves the requests that recalled the range moved; 0: they are unmapped, and "  \
+    "such a request that repeats each step maps a range of host chunks again (the "  \
+    "GCN capped at 31G of an H100: 100 host chunks a step, 240-280 ms with its "     \
+    "stream out of work). Off by default: on an H100 that GCN's settled steps "      \
+    "were 7.7% shorter with it, but it took three more steps, each 1.7-2.4x as "     \
+    "long, to settle; the LM at 2.1x neither gained nor lost (docs/results.md)")     \
   X(plan_file, file, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \
