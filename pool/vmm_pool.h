@@ -254,16 +254,18 @@ class VmmPool {
     std::vector<std::size_t> at;  // each part's offset in `staging`
     std::size_t staged = 0;       // bytes mapped there
     // keep_host_ranges: the range's host chunks, in order, and the address
-    // they are mapped at besides while they are copied (kept_mapped: how many).
+    // they are mapped at besides while they are copied (kept_bytes: how far).
     std::vector<Piece*> kept;
     vmm::Reservation keep;
-    std::size_t kept_mapped = 0;
+    std::size_t kept_bytes = 0;
   };
   // Under the lock: sets out the move of the live range at `base` as far as
   // the chunks it goes to can be had (free ones whose frees completed, then
   // new ones within the tiers' and the device's budgets), and marks the range
-  // moving (its free, export and dedup wait). False if nothing can move.
-  bool plan_move(CUdeviceptr base, bool to_host, Move* out);
+  // moving (its free, export and dedup wait). False if nothing can move. With
+  // `keep_host`, a range brought in whole from host memory lists its host
+  // chunks in `kept` (move_in's keep_host_ranges).
+  bool plan_move(CUdeviceptr base, bool to_host, Move* out, bool keep_host = false);
   // The three steps of a planned move, with no lock held and the range's
   // context current (pool/evictor.h orders them; no submitted work may touch
   // the range from its copy to its remap). To the host, the range is remapped
@@ -285,7 +287,7 @@ class VmmPool {
   // The range is no longer moving.
   void finish_move(Move& move, bool done);
   // keep_host_ranges: `move.kept` mapped in order at `move.keep` (as far as
-  // that goes: kept_mapped), with no lock held; finish_move caches the range
+  // that goes: kept_bytes), with no lock held; finish_move caches the range
   // where the move was done and all were mapped, else unmaps them.
   void map_kept(Move& move);
   // Evictions park (evict_park; set once, before use): a range's content goes

@@ -91,7 +91,7 @@ std::size_t VmmPool::Move::Part::bytes() const {
   return size;
 }
 
-bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
+bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out, bool keep_host) {
   std::lock_guard lock(mutex_);
   Range* range = ranges_.at(base);
   if (!range || range->class_size || !range->live || !range->shared.empty() || range->exported || range->moving ||
@@ -133,7 +133,7 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
     i = end;
   }
   if (out->parts.empty()) return false;
-  if (keep_host_ && !to_host && out->bytes == range->va.size() &&
+  if (keep_host && !to_host && out->bytes == range->va.size() &&
       std::all_of(pieces.begin(), pieces.end(), [](const Piece* p) {
         return p->spilled && !p->parked && p->memory.location().in_host_memory();
       })) {
@@ -146,10 +146,9 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out) {
 void VmmPool::map_kept(Move& move) {
   Timer timer(move.driver_ns);
   if (vmm::Reservation::reserve(driver_, move.range->va.size(), &move.keep) != CUDA_SUCCESS) return;
-  for (std::size_t offset = 0; move.kept_mapped < move.kept.size(); ++move.kept_mapped) {
-    const vmm::Chunk& memory = move.kept[move.kept_mapped]->memory;
-    if (move.keep.map(offset, memory, move.device) != CUDA_SUCCESS) return;
-    offset += memory.size();
+  for (const Piece* p : move.kept) {
+    if (move.keep.map(move.kept_bytes, p->memory, move.device) != CUDA_SUCCESS) return;
+    move.kept_bytes += p->memory.size();
   }
 }
 
@@ -264,12 +263,10 @@ void VmmPool::finish_move(Move& move, bool done) {
     move.staging.unmap(0, move.staged);
     move.staged = 0;
   }
-  const bool keep = done && !move.kept.empty() && move.kept_mapped == move.kept.size();
-  if (move.kept_mapped && !keep) {
+  const bool keep = done && !move.kept.empty() && move.kept_bytes == move.range->va.size();
+  if (move.kept_bytes && !keep) {
     Timer timer(move.driver_ns);
-    std::size_t bytes = 0;
-    for (std::size_t i = 0; i < move.kept_mapped; ++i) bytes += move.kept[i]->memory.size();
-    move.keep.unmap(0, bytes);
+    move.keep.unmap(0, move.kept_bytes);
   }
   std::lock_guard lock(mutex_);
   Range& range = *move.range;
@@ -393,7 +390,7 @@ void VmmPool::unpark_all() {
 
 std::size_t VmmPool::move_in(CUdeviceptr base) {
   Move move;
-  if (!plan_move(base, false, &move)) return 0;
+  if (!plan_move(base, false, &move, keep_host_)) return 0;
   const bool copied = stage(move) == CUDA_SUCCESS && copy(move, nullptr) == CUDA_SUCCESS;
   if (copied && !move.kept.empty()) map_kept(move);  // while the copy runs
   const bool done = copied && driver_.cuStreamSynchronize(nullptr) == CUDA_SUCCESS && remap(move) == CUDA_SUCCESS;
