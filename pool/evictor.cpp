@@ -139,30 +139,15 @@ void Evictor::look(int device, DeviceState& state) {
     return l.spilled == 0 && l.size >= least && !state.seen[l.base].returned;
   };
 
-  // Back, the last evicted first. Once a launch has used an evicted range
-  // where it lies (the program has reached it: a backward pass uses what its
-  // forward pass made in reverse), those evicted before it come back next, as
-  // far as `ahead` and the room go; until then, as long as `high` stays free
-  // beside them and no request waits for room.
-  std::vector<const VmmPool::Live*> evicted;
-  uint64_t reached = 0;
-  for (const VmmPool::Live& l : lives) {
-    const Seen& s = state.seen[l.base];
-    if (!s.evicted) continue;
-    evicted.push_back(&l);
-    if (s.launches != s.evicted_launches) reached = std::max(reached, s.evicted_at);
-  }
-  auto next = [&](const VmmPool::Live* l) {
-    const Seen& s = state.seen[l->base];
-    return s.evicted_at < reached && s.launches == s.evicted_launches;
-  };
-  std::sort(evicted.begin(), evicted.end(), [&](const auto* a, const auto* b) {
-    return std::pair(next(a), state.seen[a->base].evicted_at) > std::pair(next(b), state.seen[b->base].evicted_at);
-  });
+  // Back, the last evicted first. Once the program has reached an evicted
+  // range (a launch used it where it lies, or a call waited for it to come
+  // back: a backward pass uses what its forward pass made in reverse), those
+  // evicted before it come back next, as far as `ahead` and the room go;
+  // until then, as long as `high` stays free beside them and no request
+  // waits for room. First what calls wait for (bring_back), as far as the
+  // room goes; the rest is told no.
   std::vector<CUdeviceptr> back;
   std::size_t taking = 0;
-  // First what calls wait for (bring_back), as far as the room goes; the
-  // rest is told no.
   {
     std::lock_guard lock(mutex_);
     for (const VmmPool::Live& l : lives) {
@@ -170,6 +155,7 @@ void Evictor::look(int device, DeviceState& state) {
       if (room >= taking + l.spilled) {
         back.push_back(l.base);
         state.why[l.base] = "urgent";
+        state.reached = std::max(state.reached, state.seen[l.base].evicted_at);
         taking += l.spilled;
       } else {
         std::erase(urgent_, l.base);
@@ -177,6 +163,20 @@ void Evictor::look(int device, DeviceState& state) {
     }
     moved_.notify_all();
   }
+  std::vector<const VmmPool::Live*> evicted;
+  for (const VmmPool::Live& l : lives) {
+    const Seen& s = state.seen[l.base];
+    if (!s.evicted) continue;
+    evicted.push_back(&l);
+    if (s.launches != s.evicted_launches) state.reached = std::max(state.reached, s.evicted_at);
+  }
+  auto next = [&](const VmmPool::Live* l) {
+    const Seen& s = state.seen[l->base];
+    return s.evicted_at < state.reached && s.launches == s.evicted_launches;
+  };
+  std::sort(evicted.begin(), evicted.end(), [&](const auto* a, const auto* b) {
+    return std::pair(next(a), state.seen[a->base].evicted_at) > std::pair(next(b), state.seen[b->base].evicted_at);
+  });
   const auto ahead = std::size_t(double(total) * settings_.ahead);
   const auto batch = std::size_t(double(total) * settings_.batch);
   for (const VmmPool::Live* l : evicted) {

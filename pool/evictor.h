@@ -190,6 +190,11 @@ class Evictor {
     // the host; "urgent", "ahead" or "room" back.
     std::unordered_map<CUdeviceptr, const char*> why;
     uint64_t evictions = 0;
+    // The latest eviction (Seen::evicted_at) the program has reached: a
+    // launch used the range where it lay, or a call waited for it to come
+    // back (a parked range comes back before the launch that needs it is
+    // counted). Those evicted before it come back ahead.
+    uint64_t reached = 0;
     std::unordered_map<CUdeviceptr, Ended> ended;
   };
   void look(int device, DeviceState& state);

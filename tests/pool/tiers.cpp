@@ -1202,6 +1202,49 @@ TEST_F(EvictPark, ASetFoundThroughCuGetProcAddressFindsItMapped) {
   EXPECT_TRUE(out == expect);
 }
 
+// A parked range comes back before the launch that needs it is counted (the
+// launch waits for it: Evictor::bring_back). That wait tells the evictor the
+// program has reached it, as a launch of an evicted range where it lies
+// does: the range parked before it comes back next, ahead of any call for
+// it, once the device has room for it alone (the last evicted comes back
+// first only with room to spare). Without it, a backward pass waits for
+// every parked range in turn. x, z and z2 are exported (CUDA IPC), which
+// keeps them where they are: only r1 and r2 move.
+TEST_F(EvictPark, ACallThatWaitsForAParkedRangeBringsTheOneParkedBeforeItAhead) {
+  CUdeviceptr r1 = alloc(32 * mib);
+  CUdeviceptr r2 = alloc(32 * mib);
+  CUdeviceptr x = alloc(192 * mib);
+  fill(r1, 32 * mib, 7);
+  fill(r2, 32 * mib, 8);
+  auto keep = [](CUdeviceptr p) {
+    CUipcMemHandle handle{};
+    EXPECT_EQ(cuIpcGetMemHandle(&handle, p), CUDA_SUCCESS);
+  };
+  keep(x);
+  CUdeviceptr z = alloc(32 * mib);  // spills: the evictor parks r1, the oldest
+  keep(z);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 32 * mib; })) << "r1 not parked";
+  CUdeviceptr z2 = alloc(32 * mib);  // takes r1's room: r2 is parked next
+  keep(z2);
+  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r2) == 32 * mib; })) << "r2 not parked";
+  EXPECT_TRUE(on_device_0(z2 + 31 * mib));
+  {
+    Launcher user(ctx_, r2, std::chrono::hours(1));  // once
+    EXPECT_EQ(user.failed(), 0);
+  }
+  EXPECT_EQ(spilled_bytes(OwnStats(), r2), 0u) << "r2 not brought back for its launch";
+  EXPECT_EQ(spilled_bytes(OwnStats(), r1), 32 * mib) << "r1 back with no room for it";
+  free(z2);  // room for r1 alone
+  EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 0; })) << "r1 not brought back ahead";
+  EXPECT_TRUE(on_device_0(r1 + 31 * mib));
+  check(r1, 32 * mib, 7);
+  check(r2, 32 * mib, 8);
+  free(z);
+  free(x);
+  free(r2);
+  free(r1);
+}
+
 // An allocation the evictor parked and brought back without any call
 // referencing it meanwhile comes back from the host chunks' own addresses.
 TEST_F(EvictPark, AParkedAllocationComesBackWithItsData) {
