@@ -5,9 +5,10 @@
 // optimizer state) whenever the device's room falls low, so that new requests
 // find device memory; and it brings the evicted ones back, the last evicted
 // first, once room opens again (a step's backward pass frees what its forward
-// pass made, in reverse). Once a launch uses an evicted range where it lies
-// (the backward pass has reached it), the ones evicted before it come back
-// next, as far as `Settings::ahead` goes, whether or not a request waits.
+// pass made, in reverse). Once a launch uses an evicted range where it lies,
+// or a call waits for a parked one to come back (the backward pass has
+// reached it), the ones evicted before it come back next, as far as
+// `Settings::ahead` goes, whether or not a request waits.
 // While it evicts, a range off the device that it did not move (spilled when
 // requested, or placed off the device by use before an evict:tried trial)
 // comes back as the evicted ones do, the oldest of them.
