@@ -703,9 +703,9 @@ spill_tried_lm() {
 # its own host memory. spill_train's BENCH lines give each steady step against
 # the in-memory one, its PCIe limit and its bytes' time one way at a time (its
 # "x GPU memory" is gmem's reserved peak over the whole GPU, not the cap). On
-# an H100 in the fifty-seventh session (docs/results.md): the GCN 2.57-2.82 s
-# at 31G and 1.17-1.50 s at 44G against 213 ms in memory; the LM 8.6 s against
-# 270 ms at 176.
+# an H100 in the fifty-eighth session (docs/results.md): the GCN 2.29 s at 31G
+# (9.5x) and 1.14 s at 44G (4.7x) against 242 ms in memory; the LM 12.7 s
+# (20.9x, its last steps slow; 8.1-9.8 s before them) against 268 ms at 176.
 spill_capped() {
   local dir=$out/spill-capped rc=0 size budget pool_size cap
   for cap in 31G 44G; do
