@@ -26,8 +26,9 @@ void Evictor::look() {
   looked_.notify_all();
 }
 
-void Evictor::make_room(int device, std::size_t size) {
-  if (!evicting(device) || vmm_.device_room(device) >= size) return;
+bool Evictor::make_room(int device, std::size_t size) {
+  if (!evicting(device)) return false;
+  if (vmm_.device_room(device) >= size) return true;
   const int64_t start = now_ns();
   const int64_t deadline = start + std::chrono::nanoseconds(settings_.wait).count();
   std::unique_lock lock(mutex_);
@@ -51,6 +52,7 @@ void Evictor::make_room(int device, std::size_t size) {
   work_.waits_stuck += !room && stuck_[device];
   work_.waits_expired += !room && !stuck_[device];
   work_.wait_ns += uint64_t(waited);
+  return true;
 }
 
 uint64_t Evictor::moves_ended() const {

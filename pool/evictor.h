@@ -124,8 +124,9 @@ class Evictor {
   // the device lacks the room, waits up to `Settings::wait_looks` for the evictor
   // to make it, rather than let the request spill: kernels then write and
   // read the new allocation in device memory, and the evictor's copies move
-  // the idle ones at the copy engines' pace.
-  void make_room(int device, std::size_t size);
+  // the idle ones at the copy engines' pace. Returns whether the evictor
+  // evicts on `device` now (Settings::evicting), room or not.
+  bool make_room(int device, std::size_t size);
   // Batches of moves ended so far: read before a request is tried, for
   // wait_moves.
   uint64_t moves_ended() const;

@@ -82,10 +82,11 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
   const Uses::Request use = uses_.request(a.device, a.size);
+  bool evicting = false;
   if (evictor_ && a.size >= Uses::min_size && !quiet() && tiers_->spilled(a.device)) {
     mover_->spilled(now_ns());  // a request short of room keeps the mover's thread evicting
     // Only what the plan (placing by use) leaves to the device waits for room there.
-    if (a.size > use.off_device) evictor_->make_room(a.device, a.size - use.off_device);
+    if (a.size > use.off_device) evicting = evictor_->make_room(a.device, a.size - use.off_device);
   }
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
   const StreamOrder::Figures events_before = trace_ ? vmm_->events() : StreamOrder::Figures{};
@@ -95,12 +96,12 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   auto busy = [&] { return driver_.cuStreamQuery(stream_handle(stream)) == CUDA_ERROR_NOT_READY; };
   const bool busy_before = trace_ && !quiet() && busy();
   const uint64_t moves_ended = evictor_ ? evictor_->moves_ended() : 0;
-  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first);
+  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   // A batch of the evictor's moves holds the memory its ranges leave and the
   // memory they go to until it ends; then the first is free again (also where
   // it ended while this request was tried).
   if (status == CUDA_ERROR_OUT_OF_MEMORY && evictor_ && evictor_->wait_moves(moves_ended)) {
-    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first);
+    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   }
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();

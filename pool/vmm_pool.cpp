@@ -58,7 +58,7 @@ void VmmPool::complete_pending_frees() {
 }
 
 CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream,
-                        bool quiet, std::size_t off_device, bool device_first) {
+                        bool quiet, std::size_t off_device, bool device_first, bool evicting) {
   const int64_t asked_ns = spill_observer_ ? now_ns() : 0;
   if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
@@ -79,14 +79,15 @@ CUresult VmmPool::alloc(Block* out, std::size_t size, int device, CUcontext cont
     if (slabs_.take(class_size, device, stream, &range, &index)) {
       ++b.work.hits;
     } else {
-      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, false, &range);
+      status = take_range(round_up(Slabs::slab_size, b.granularity), device, stream, 0, false, false, &range);
       if (status == CUDA_SUCCESS) slabs_.add(*range, class_size);
     }
     *out = Block{range ? range->va.base() + index * class_size : 0, size, device, context, class_size, 0};
   } else {
     const std::size_t rounded = round_up(size, b.granularity);
     off_device = tiers_ ? std::min(round_up(off_device, b.granularity), rounded) : 0;
-    status = take_range(rounded, device, stream, off_device, device_first && !off_device, &range);
+    status = take_range(rounded, device, stream, off_device, device_first && !off_device, recall_by_step_ && !evicting,
+                        &range);
     if (range) *out = Block{range->va.base(), size, device, context, range->va.size(), uint16_t(range->pieces.size())};
     if (range) range->live = 1;
   }
@@ -187,7 +188,7 @@ std::size_t VmmPool::device_room(int device) {
 }
 
 CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device,
-                             bool device_first, Range** range) {
+                             bool device_first, bool by_step, Range** range) {
   Book& b = books_[device];
   // A cached range this stream may use that fits with at most 1/16 (or one
   // granule) to spare. Of the smallest size there is, the oldest range.
@@ -243,7 +244,7 @@ CUresult VmmPool::take_range(std::size_t rounded, int device, StreamId stream, s
   // temporaries now and then (the LM at 300 on an H200 an extra 2 MiB one
   // where its steps' 66th whole-range request was, in its replay), and the
   // step's requests after one would no longer repeat the last step's.
-  const bool stepped = recall_by_step_ && spills && rounded >= large_range;
+  const bool stepped = by_step && spills && rounded >= large_range;
   const bool repeats = stepped && !steps.diverged && k < steps.before.size() &&
                        steps.before[k].rounded == rounded;
   steps.diverged |= stepped && !repeats && k < steps.before.size();

@@ -94,8 +94,15 @@ class VmmPool {
   // (pool/uses.h), in a peer's or the host's memory, as far as they have room.
   // `device_first`: where not, a cached range partly off the device serves it
   // only where the device is short (Uses::Request::device_first).
+  // `evicting`: the evictor makes the device's room (Evictor::make_room); the
+  // request is then not served by step (recall_by_step), whose layout the
+  // evictor's moves undo: a range made for it left the free chunks of the
+  // step's later ranges alone and spilled (the LM at 300 under a 58G cap on
+  // an H100 made a 10 GB range with 9.2 GB on the host each step, the
+  // evictor having seen the room those chunks gave: 4.0-4.2 s a step
+  // against 3.1 s with recall_steps:0; docs/results.md, sixtieth session).
   CUresult alloc(Block* out, std::size_t size, int device, CUcontext context, StreamId stream, bool quiet,
-                 std::size_t off_device = 0, bool device_first = false);
+                 std::size_t off_device = 0, bool device_first = false, bool evicting = false);
   // nullopt: not pool memory (the caller asks the driver).
   std::optional<CUresult> free(CUdeviceptr ptr);
   // The request just served at `ptr` is refused (pool/pool.h's veto): freed,
@@ -320,8 +327,9 @@ class VmmPool {
   // new device memory before spilled free chunks and new spills. With
   // `off_device`, a cached range with about that many spilled bytes, else a
   // new one with them.
+  // With `by_step`, recall_by_step's rules apply.
   CUresult take_range(std::size_t rounded, int device, StreamId stream, std::size_t off_device, bool device_first,
-                      Range** range);
+                      bool by_step, Range** range);
   // In free chunks; with `ready_on`, only those reusable on that stream now.
   std::size_t free_device_bytes(int device, std::optional<StreamId> ready_on = std::nullopt);
   // The live block `index` of `range` is free once `pending` completes.

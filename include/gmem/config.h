@@ -115,8 +115,8 @@
     "device as far as it fits through its life, the rest off it (pool/uses.h); 0: "  \
     "the plan places the kinds alive at the peak")                                     \
   X(recall_steps, flag, "1",                                                         \
-    "1: with pool:vmm, while a device spills and a step's requests of 64 MiB or "    \
-    "more repeat the last step's (their sizes, in order), each takes the range that " \
+    "1: with pool:vmm, while a device spills (and no evictor evicts there) and a "   \
+    "step's requests of 64 MiB or more repeat the last step's (their sizes, in order), each takes the range that " \
     "served the same request of the last step, however it lies, a range whose "      \
     "chunks other ranges use is first made whole at its addresses with free chunks " \
     "(once its own free completed), "                                                 \

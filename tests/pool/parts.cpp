@@ -625,23 +625,25 @@ TEST_F(Steps, ARangeOfTooManyChunksIsMadeWhereTheDeviceWillNotMakeThemAgainAsOne
 
 // With recall_by_step: steps of four large requests (a, b, c, and d of c's
 // size while c is live), the fourth past the 1 GiB device; with `temporary`,
-// a small request made and freed before d.
+// a small request made and freed before d; with `evicting`, each request
+// made while the evictor evicts the device.
 class RecalledSteps : public Steps {
  protected:
   RecalledSteps() { pool.recall_by_step(true); }
-  std::vector<CUdeviceptr> step(bool temporary = false) {
+  std::vector<CUdeviceptr> step(bool temporary = false, bool evicting = false) {
+    auto alloc = [&](Block* x, std::size_t size) { return pool.alloc(x, size, 0, nullptr, 1, false, 0, false, evicting); };
     Block a, b, c;
-    EXPECT_EQ(pool.alloc(&a, 512 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-    EXPECT_EQ(pool.alloc(&b, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
-    EXPECT_EQ(pool.alloc(&c, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // past the 1 GiB device
+    EXPECT_EQ(alloc(&a, 512 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(alloc(&b, 384 * MiB), CUDA_SUCCESS);
+    EXPECT_EQ(alloc(&c, 384 * MiB), CUDA_SUCCESS);  // past the 1 GiB device
     EXPECT_EQ(pool.free(b.base), CUDA_SUCCESS);
     if (temporary) {
       Block t;
-      EXPECT_EQ(pool.alloc(&t, 4 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);
+      EXPECT_EQ(alloc(&t, 4 * MiB), CUDA_SUCCESS);
       EXPECT_EQ(pool.free(t.base), CUDA_SUCCESS);
     }
     Block d;
-    EXPECT_EQ(pool.alloc(&d, 384 * MiB, 0, nullptr, 1, false), CUDA_SUCCESS);  // c's size, c live
+    EXPECT_EQ(alloc(&d, 384 * MiB), CUDA_SUCCESS);  // c's size, c live
     for (const Block* x : {&a, &c, &d}) EXPECT_EQ(pool.free(x->base), CUDA_SUCCESS);
     return std::vector<CUdeviceptr>{a.base, b.base, c.base, d.base};
   }
@@ -679,6 +681,24 @@ TEST_F(RecalledSteps, ASmallRequestSomeStepsMakeLeavesTheStepRepeating) {
   }
   EXPECT_EQ(pool.work(0).misses, misses);
   EXPECT_EQ(pool.work(0).step_recalls, recalls + 4 * 4) << "each large request, the step's own range";
+}
+
+// While the evictor evicts the device, its moves decide what the device
+// holds: no request is served by step, and none of the step is kept for the
+// next; once it no longer evicts, steps are kept again and served by step.
+TEST_F(RecalledSteps, RequestsOnADeviceTheEvictorEvictsAreNotServedByStep) {
+  for (int s = 0; s < 3; ++s) step();
+  ASSERT_TRUE(tiers.spilled(0));
+  const uint64_t recalls = pool.work(0).step_recalls;
+  ASSERT_GT(recalls, 0u);
+  for (int s = 0; s < 2; ++s) step(false, true);
+  EXPECT_EQ(pool.work(0).step_recalls, recalls);
+  step();
+  EXPECT_EQ(pool.work(0).step_recalls, recalls) << "the evicting steps were not kept";
+  step();  // the pool's steps run from peak to peak: this one is kept whole first
+  const uint64_t kept = pool.work(0).step_recalls;
+  step();
+  EXPECT_EQ(pool.work(0).step_recalls, kept + 4);
 }
 
 // Steps end where the bytes asked for come back to their peak, whatever
@@ -820,6 +840,15 @@ TEST_F(EvictorAdopts, ARangeSpilledWhenRequestedComesBackOnceRoomOpensWhileEvict
 TEST_F(EvictorAdopts, ARangeSpilledWhenRequestedStaysWhileNotEvicting) {
   evicting = false;
   EXPECT_EQ(left_on_host(), 128 * MiB);
+}
+
+// make_room says whether the evictor evicts the device (the request is then
+// not served by step: VmmPool::alloc), whether or not it had room to make.
+TEST_F(EvictorLooks, MakeRoomSaysWhetherTheEvictorEvicts) {
+  EXPECT_TRUE(evictor.make_room(0, 64 * MiB));
+  evicting = false;
+  EXPECT_FALSE(evictor.make_room(0, 64 * MiB));
+  EXPECT_EQ(evictor.work().waits, 0u) << "room enough, or none to make: no wait";
 }
 
 // Where eviction is not on (evict:tried, before its trial or once dropped),
