@@ -185,6 +185,7 @@ std::size_t Pool::bring_in(const std::vector<const AccessRecord*>& spilled, bool
   const std::optional<Block> first = vmm_->find(spilled.front()->base());
   if (!first || !first->context) return 0;
   if (bring_in_ == BringIn::tried && !slow && !uses_.brings_in(first->device)) return 0;
+  if (evictor_ && uses_.evicts(first->device)) return 0;
   std::size_t room = vmm_->device_room(first->device);
   std::vector<CUdeviceptr> bases;
   for (const AccessRecord* r : spilled) {

@@ -83,7 +83,7 @@ class Pool {
   // spills (pool/evictor.h): always, or (`tried`, with place_by_use) on trial
   // after placing by use's, kept where it shortens the steps; parking what it
   // evicts with `park` (VmmPool::park_evictions). With `bring_in` (and track_access and a mover,
-  // without evict), a launch's large spilled references come onto the device
+  // without evict or with evict `tried`), a launch's large spilled references come onto the device
   // before it runs where the device has room for them (bring_in()): `tried`
   // needs place_by_use, whose steps it is timed by.
   explicit Pool(const vmm::Driver& driver, bool use_vmm = false, std::unique_ptr<Publisher> publisher = nullptr,
@@ -121,8 +121,10 @@ class Pool {
                                                              },
                                                              evictor_.get(), move_back})
                    : nullptr),
-        bring_in_(access_ && mover_ && !evictor_ && !(bring_in == BringIn::tried && !place_by_use) ? bring_in
-                                                                                                 : BringIn::off),
+        bring_in_(access_ && mover_ && (!evictor_ || evict == Evict::tried) &&
+                          !(bring_in == BringIn::tried && !place_by_use)
+                      ? bring_in
+                      : BringIn::off),
         ledger_(publisher_.get()) {
     if (place_by_use) time_launches();
     if (mover_) vmm_->observe_spills(mover_.get());
@@ -222,6 +224,12 @@ class Pool {
   // first (Mover::bring_in), so that the kernel reads and writes them at the
   // device's speed rather than across PCIe. The device pauses meanwhile.
   // Unless `slow` (its kernel is: slow_launch), only while brings_in().
+  // Never on a device the evictor evicts (evict:tried's trial, or kept): its
+  // moves decide what lies there, and the steps its trial is judged against
+  // are those before it, bringing in as without an evictor (the GCN capped at
+  // 31G on an H100 kept eviction at 3.0-3.2 s a step, judged against steps
+  // of 5.9 s with nothing brought in, where the default steps 2.6-2.8 s:
+  // docs/results.md, fifty-seventh session).
   // Returns the bytes brought in.
   std::size_t bring_in(const std::vector<const AccessRecord*>& spilled, bool slow = false);
   // Parked memory (VmmPool::park_evictions) that a call is about to

@@ -165,7 +165,8 @@
     "through a reference gmem does not see (a pointer kept in device memory) "        \
     "faults: off by default (docs/eviction.md)")                                      \
   X(bring_in, bring_in, "tried",                                                     \
-    "with pool:vmm, track_access and migrate_after_ms (not evict), a kernel launch "  \
+    "with pool:vmm, track_access and migrate_after_ms (not evict:1; with "          \
+    "evict:tried, not on a device on eviction's trial or that kept it), a kernel launch " \
     "whose parameters reference a large allocation lying partly in host memory "      \
     "waits while that memory is copied onto the device, where the device has room "  \
     "for all of it (free chunks, or its budget); the program's calls pause "          \
