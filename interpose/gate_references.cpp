@@ -19,6 +19,7 @@ unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved, 
 extern std::atomic<long> gmem_gate_in_flight;
 extern std::atomic<unsigned long> gmem_gate_entries, gmem_gate_untouched;
 extern std::atomic<unsigned char> gmem_gate_closed;
+void gmem_gate_wait();
 }
 
 namespace gmem::gate {
@@ -215,7 +216,12 @@ void check_references(bool on) { gmem_gate_check_on.store(on ? 1 : 0); }
 }  // namespace gmem::gate
 
 // 1: the call is counted in flight (as the trampoline counts it) and may go
-// on; 0: not counted, the trampoline enters the gate as without a check.
+// on; 0: not checked (no check, or none for this call), the trampoline enters
+// the gate as without a check. A call that finds the gate closed waits here
+// and is looked at again once it opens: the moves behind it may have parked
+// what it touches. (Left to the trampoline's own entry, it went on unchecked
+// wherever the gate opened in between: under TSan a set of a range just
+// parked failed with CUDA_ERROR_INVALID_VALUE.)
 extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved,
                                                      const uint64_t* stack) noexcept {
   using namespace gmem::gate;
@@ -234,9 +240,10 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
   while (true) {
     gmem_gate_entries.fetch_add(1);
     gmem_gate_in_flight.fetch_add(1);
-    if (gmem_gate_closed.load()) {  // the trampoline waits, and comes back here
+    if (gmem_gate_closed.load()) {
       gmem_gate_in_flight.fetch_sub(1);
-      break;
+      gmem_gate_wait();
+      continue;
     }
     if (const Found found = look(false); !found.work) {
       if (!found.moves) gmem_gate_untouched.fetch_add(1);  // after its entry: entries() never goes back

@@ -11,11 +11,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "interpose/driver_table.h"
 #include "interpose/gate.h"
+#include "interpose/proc_table.h"
+
+extern "C" {
+unsigned char gmem_gate_check_references(unsigned index, const uint64_t* saved, const uint64_t* stack) noexcept;
+extern std::atomic<long> gmem_gate_in_flight;
+}
 
 namespace {
 
@@ -210,6 +217,33 @@ TEST_F(GateReferences, ACallHeldByTheGateIsLookedAtAsItGoesOn) {
   gate.resume();
   caller.join();
   EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+}
+
+// A call whose check finds the gate closed waits in the check and is looked
+// at once the gate opens, and counted then (gmem_gate_check_references, as
+// a trampoline calls it: its registers last argument first). Were it handed
+// back to the trampoline's own entry instead, it would go on unchecked
+// wherever the gate had opened in between, after moves that may have parked
+// what it touches.
+TEST_F(GateReferences, ACheckThatFindsTheGateClosedWaitsAndLooksAgain) {
+  unsigned index = 0;
+  while (index < function_count && std::string_view(function_names[index]) != "cuMemsetD32_v2") ++index;
+  ASSERT_LT(index, unsigned(function_count));
+  const uint64_t saved[6] = {0, 0, 0, 8, 5, a_};  // %r9, %r8, %rcx, %rdx, %rsi, %rdi: (a_, 5, 8)
+  Submissions gate;
+  ASSERT_TRUE(gate.stop());
+  ASSERT_TRUE(gate.hold());
+  std::atomic<int> counted{-1};
+  std::thread caller([&] { counted = gmem_gate_check_references(index, saved, nullptr); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(counted, -1) << "the check returned while the gate was closed";
+  EXPECT_TRUE(take_seen().empty());
+  gate.resume();
+  caller.join();
+  EXPECT_EQ(counted, 1);
+  EXPECT_EQ(take_seen(), (std::vector<Reference>{{a_, 32}}));
+  EXPECT_EQ(in_flight(), 1);
+  gmem_gate_in_flight.fetch_sub(1);  // as the trampoline does once the call returns
 }
 
 // A check that wants work first: the call leaves the count, the check acts
