@@ -96,12 +96,14 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   auto busy = [&] { return driver_.cuStreamQuery(stream_handle(stream)) == CUDA_ERROR_NOT_READY; };
   const bool busy_before = trace_ && !quiet() && busy();
   const uint64_t moves_ended = evictor_ ? evictor_->moves_ended() : 0;
-  CUresult status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
+  CUresult status =
+      vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   // A batch of the evictor's moves holds the memory its ranges leave and the
   // memory they go to until it ends; then the first is free again (also where
   // it ended while this request was tried).
   if (status == CUDA_ERROR_OUT_OF_MEMORY && evictor_ && evictor_->wait_moves(moves_ended)) {
-    status = vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
+    status =
+        vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   }
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();

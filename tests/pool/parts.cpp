@@ -631,7 +631,9 @@ class RecalledSteps : public Steps {
  protected:
   RecalledSteps() { pool.recall_by_step(true); }
   std::vector<CUdeviceptr> step(bool temporary = false, bool evicting = false) {
-    auto alloc = [&](Block* x, std::size_t size) { return pool.alloc(x, size, 0, nullptr, 1, false, 0, false, evicting); };
+    auto alloc = [&](Block* x, std::size_t size) {
+      return pool.alloc(x, size, 0, nullptr, 1, false, 0, false, evicting);
+    };
     Block a, b, c;
     EXPECT_EQ(alloc(&a, 512 * MiB), CUDA_SUCCESS);
     EXPECT_EQ(alloc(&b, 384 * MiB), CUDA_SUCCESS);
