@@ -6,6 +6,17 @@
 
 namespace gmem::pool {
 
+CUresult map_in_turn(const vmm::Driver& driver, const std::vector<Piece*>& pieces, int device, vmm::Reservation* va,
+                     std::size_t* mapped) {
+  std::size_t size = 0;
+  for (const Piece* p : pieces) size += p->memory.size();
+  CUresult status = vmm::Reservation::reserve(driver, size, va);
+  for (auto it = pieces.begin(); status == CUDA_SUCCESS && it != pieces.end(); ++it) {
+    if ((status = va->map(*mapped, (*it)->memory, device)) == CUDA_SUCCESS) *mapped += (*it)->memory.size();
+  }
+  return status;
+}
+
 CUresult Pieces::make(int device, std::size_t size, Where where, Piece** out) {
   Book& book = books_[device];
   vmm::Chunk memory;

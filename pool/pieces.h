@@ -50,6 +50,12 @@ struct Piece {
   bool parked = false;
 };
 
+// Reserves addresses for `pieces` end to end and maps each there in turn for
+// `device`; `*mapped` says how far it got, on failure too (the caller unmaps
+// that much, or keeps it).
+CUresult map_in_turn(const vmm::Driver& driver, const std::vector<Piece*>& pieces, int device, vmm::Reservation* va,
+                     std::size_t* mapped);
+
 class Pieces {
  public:
   // The holder of a chunk chosen for a range not mapped yet.

@@ -61,18 +61,13 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
   auto range = std::make_unique<Range>();
   range->device = device;
   range->id = ++made_;
-  std::size_t total = 0;
-  for (Piece* p : pieces) total += p->memory.size();
   Work& work = books_[device].work;
   CUresult status;
-  std::size_t offset = 0;
+  std::size_t mapped = 0;
   {
     Timer timer(work.driver_ns);
     const int64_t start = now_ns();
-    status = vmm::Reservation::reserve(driver_, total, &range->va);
-    for (std::size_t i = 0; status == CUDA_SUCCESS && i < pieces.size(); offset += pieces[i++]->memory.size()) {
-      status = range->va.map(offset, pieces[i]->memory, device);
-    }
+    status = map_in_turn(driver_, pieces, device, &range->va, &mapped);
     const uint64_t took = uint64_t(now_ns() - start);
     work.map_ns += took;
     if (took > slow_map_ns) {
@@ -81,7 +76,7 @@ CUresult Ranges::map(std::vector<Piece*> pieces, int device, Range** out) {
     }
     if (status != CUDA_SUCCESS) {
       ++work.map_failed;
-      if (offset) range->va.unmap(0, offset);
+      if (mapped) range->va.unmap(0, mapped);
       return status;
     }
   }

@@ -145,11 +145,7 @@ bool VmmPool::plan_move(CUdeviceptr base, bool to_host, Move* out, bool keep_hos
 
 void VmmPool::map_kept(Move& move) {
   Timer timer(move.driver_ns);
-  if (vmm::Reservation::reserve(driver_, move.range->va.size(), &move.keep) != CUDA_SUCCESS) return;
-  for (const Piece* p : move.kept) {
-    if (move.keep.map(move.kept_bytes, p->memory, move.device) != CUDA_SUCCESS) return;
-    move.kept_bytes += p->memory.size();
-  }
+  map_in_turn(driver_, move.kept, move.device, &move.keep, &move.kept_bytes);
 }
 
 CUresult VmmPool::home(Piece& piece, int device) {
