@@ -524,7 +524,7 @@ std::string Uses::report_plan(std::size_t most) const {
 
 namespace {
 
-constexpr const char* remembered_header = "gmem plan v2";
+constexpr const char* remembered_header = "gmem plan v3";
 
 // The index of `name` in `names`; -1 if none.
 template <std::size_t N>
@@ -549,9 +549,11 @@ std::string Uses::remembered() const {
   for (const auto& [device, d] : devices_) {
     if (!judged(device)) continue;
     any = true;
-    const BringInTrial bring_in = d.bring_in == BringInTrial::trying ? BringInTrial::untried : d.bring_in;
-    out << "device " << device << ' ' << trials[int(d.trial)] << ' ' << bring_ins[int(bring_in)] << ' ' << d.lacked
-        << ' ' << d.ordered_ns << ' ' << d.planned_ns << ' ' << d.bring_in_ns << "\n";
+    // A trial under way is tried again.
+    auto verdict = [](BringInTrial t) { return bring_ins[int(t == BringInTrial::trying ? BringInTrial::untried : t)]; };
+    out << "device " << device << ' ' << trials[int(d.trial)] << ' ' << verdict(d.bring_in) << ' '
+        << verdict(d.evict) << ' ' << d.lacked << ' ' << d.ordered_ns << ' ' << d.planned_ns << ' ' << d.bring_in_ns
+        << ' ' << d.placed_ns << ' ' << d.evict_ns << "\n";
   }
   if (!any) return "";  // no trial has ended: nothing to remember
   for (const auto& [id, k] : kinds_) {
@@ -574,16 +576,22 @@ bool Uses::remember(const std::string& text) {
   std::unordered_map<uint64_t, Kind> kinds;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
-    std::string what, trial, bring_in;
+    std::string what, trial, bring_in, evict;
     fields >> what;
     if (what == "device") {
       int device = -1;
       Device d;
-      fields >> device >> trial >> bring_in >> d.lacked >> d.ordered_ns >> d.planned_ns >> d.bring_in_ns;
-      const int t = index_of(trials, trial), b = index_of(bring_ins, bring_in);
-      if (!fields || device < 0 || (t != int(Trial::kept) && t != int(Trial::dropped)) || b < 0) return false;
+      fields >> device >> trial >> bring_in >> evict >> d.lacked >> d.ordered_ns >> d.planned_ns >> d.bring_in_ns >>
+          d.placed_ns >> d.evict_ns;
+      const int t = index_of(trials, trial), b = index_of(bring_ins, bring_in), e = index_of(bring_ins, evict);
+      if (!fields || device < 0 || (t != int(Trial::kept) && t != int(Trial::dropped)) || b < 0 || e < 0 ||
+          b == int(BringInTrial::trying) || e == int(EvictTrial::trying)) {
+        return false;
+      }
       d.trial = Trial(t);
       d.bring_in = bring_in_ ? BringInTrial(b) : BringInTrial::untried;
+      // Eviction's verdict holds where this run tries it too (evict:tried).
+      d.evict = evict_ == Evict::tried ? EvictTrial(e) : EvictTrial::untried;
       d.replan = d.remembered = true;
       devices[device] = d;
     } else if (what == "kind") {

@@ -124,9 +124,10 @@
 // thirtieth and thirty-first sessions.
 //
 // A job run again may start where its last run left the trials
-// (plan_file): remembered() writes each device's verdicts and the figures
-// of its kinds the plan is made from, remember() takes them back before the
-// first request. A kind is known by its size and those of the two large
+// (plan_file): remembered() writes each device's verdicts (the plan's,
+// bringing in's and eviction's) and the figures of its kinds the plan is made
+// from, remember() takes them back before the first request; a device whose
+// last run kept eviction evicts from the start. A kind is known by its size and those of the two large
 // requests before it, so the same job finds its kinds again (but its first
 // large requests, after others than in later steps); the plan is then in
 // force (or dropped) from the start, with no step in the order requested:

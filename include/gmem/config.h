@@ -140,7 +140,8 @@
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \
     "(where its trial reached a verdict): a job run again places by use, or in the "  \
-    "order requested if its plan was dropped, from the start, with no trial; a job "  \
+    "order requested if its plan was dropped, from the start, with no trial (under "  \
+    "evict:tried, it evicts from the start where the last run kept eviction); a job " \
     "that changed plans its own kinds at its peaks; empty: none")                     \
   X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \

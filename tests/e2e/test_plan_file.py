@@ -62,7 +62,7 @@ class PlanFile(unittest.TestCase):
     def test_a_job_run_again_takes_back_its_verdict(self):
         self.assertEqual(self.remembered(self.run_job()), 0)
         first = self.read_plan()
-        self.assertRegex(first, r"^gmem plan v2\ndevice 0 (kept|dropped) ")
+        self.assertRegex(first, r"^gmem plan v3\ndevice 0 (kept|dropped) ")
         self.assertRegex(first, r"\nkind \d+ 0 67108864 ")
         self.assertEqual(self.remembered(self.run_job()), 1)
         again = self.read_plan()
@@ -76,7 +76,7 @@ class PlanFile(unittest.TestCase):
         out = self.run_job()
         self.assertIn("is not a plan gmem wrote", out)
         self.assertEqual(self.remembered(out), 0)
-        self.assertTrue(self.read_plan().startswith("gmem plan v2\ndevice 0 "))
+        self.assertTrue(self.read_plan().startswith("gmem plan v3\ndevice 0 "))
 
     def test_a_path_that_cannot_be_written_is_said(self):
         out = self.run_job(plan=os.path.join(self.dir.name, "no-such-dir", "job.plan"))

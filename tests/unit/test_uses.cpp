@@ -605,7 +605,9 @@ TEST(Uses, AJobRunAgainPlacesAsItsLastRunsTrialLeftItWithNoTrial) {
     for (int i = 0; i < 3; ++i) last.step(planned_ns);
     ASSERT_EQ(last.uses().plans(0), kept);
     const std::string text = last.uses().remembered();
-    EXPECT_NE(text.find(kept ? "device 0 kept untried " : "device 0 dropped untried "), std::string::npos) << text;
+    EXPECT_NE(text.find(kept ? "device 0 kept untried untried " : "device 0 dropped untried untried "),
+              std::string::npos)
+        << text;
 
     Job again(true, 64 * mib);
     again.uses().try_bring_in();
@@ -633,16 +635,20 @@ TEST(Uses, APlanWithoutAVerdictOrNotAPlanLeavesTheTrialToRun) {
   Job early(true, 64 * mib);
   for (int i = 0; i < ordered_steps; ++i) early.step();
   EXPECT_EQ(early.uses().remembered(), "");
-  const std::string bad[] = {"", "gmem plan v3\n",
-                             // An older version's (v1: no GPU time over host memory per kind).
+  const std::string bad[] = {"", "gmem plan v4\n",
+                             // Older versions' (v1: no GPU time over host memory per kind; v2: no eviction).
                              "gmem plan v1\ndevice 0 kept untried 1 2 3 4\n",
-                             "gmem plan v2\ndevice 0 kept untried 1 2 3\n",
-                             "gmem plan v2\ndevice 0 planned untried 1 2 3 4\n",
-                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 1 128 1 1 1 0 0 0\n",
-                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 0 2 1 0\n",
-                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nwhat\n",
+                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\n",
+                             "gmem plan v3\ndevice 0 kept untried untried 1 2 3 4 5\n",
+                             "gmem plan v3\ndevice 0 planned untried untried 1 2 3 4 5 6\n",
+                             // A trial under way is never written: it runs again.
+                             "gmem plan v3\ndevice 0 kept untried trying 1 2 3 4 5 6\n",
+                             "gmem plan v3\ndevice 0 kept untried kept 1 2 3 4 5 6\nkind 5 1 128 1 1 1 0 0 0\n",
+                             "gmem plan v3\ndevice 0 kept untried kept 1 2 3 4 5 6\nkind 5 0 128 1 1 1 0 0 2 1 0\n",
+                             "gmem plan v3\ndevice 0 kept untried untried 1 2 3 4 5 6\nwhat\n",
                              // More numbers at the peak than kinds are kept: refused before they are read.
-                             "gmem plan v2\ndevice 0 kept untried 1 2 3 4\nkind 5 0 128 1 1 1 0 0 99999999999 0\n"};
+                             "gmem plan v3\ndevice 0 kept untried untried 1 2 3 4 5 6\n"
+                             "kind 5 0 128 1 1 1 0 0 99999999999 0\n"};
   for (const std::string& text : bad) {
     Job job(true, 64 * mib);
     EXPECT_FALSE(job.uses().remember(text)) << text;
@@ -651,7 +657,7 @@ TEST(Uses, APlanWithoutAVerdictOrNotAPlanLeavesTheTrialToRun) {
     EXPECT_TRUE(job.uses().plans(0)) << "the trial runs: " << text;
   }
   Job figures_only(false, 64 * mib);
-  EXPECT_FALSE(figures_only.uses().remember("gmem plan v2\ndevice 0 kept untried 1 2 3 4\n"));
+  EXPECT_FALSE(figures_only.uses().remember("gmem plan v3\ndevice 0 kept untried untried 1 2 3 4 5 6\n"));
 }
 
 // Eviction (evict:tried) is tried once the plan's trial has ended: two steps
@@ -728,6 +734,50 @@ TEST(Uses, EvictionIsTriedAfterThePlansTrialAndKeptOnlyIfItsStepsAreShorter) {
   always.uses().set_evict(Evict::always);
   for (int i = 0; i < ordered_steps + 2; ++i) always.step();
   EXPECT_NE(always.uses().report().find(" evict=always "), std::string::npos) << always.uses().report();
+}
+
+// plan_file under evict:tried: eviction's verdict comes back too. Where the
+// last run kept it, the new run evicts from the start (the plan places
+// nothing off the device), with no trial; where it dropped it, the new run
+// never evicts and places as the plan's verdict says. A run without
+// evict:tried takes back the plan, not eviction's verdict.
+TEST(Uses, AJobRunAgainEvictsFromTheStartWhereItsLastRunKeptEviction) {
+  for (const auto& [second_ns, kept] : {std::pair<int64_t, bool>{128'000'000, true}, {130'000'000, false}}) {
+    Job last(true, 64 * mib);
+    last.uses().set_evict(Evict::tried);
+    for (int i = 0; i < ordered_steps; ++i) last.step(i == 2 ? 100'000'000 : 150'000'000);
+    for (const int64_t ms : {94, 94, 140, 100, 100, 100}) last.step(ms * 1'000'000);
+    last.step(second_ns);
+    last.step();
+    ASSERT_EQ(last.uses().evicts(0), kept) << second_ns << " ns";
+    const std::string text = last.uses().remembered();
+    const std::string verdict = kept ? "kept" : "dropped";
+    EXPECT_NE(text.find("device 0 kept untried " + verdict + " "), std::string::npos) << text;
+
+    Job again(true, 64 * mib);
+    again.uses().set_evict(Evict::tried);
+    ASSERT_TRUE(again.uses().remember(text)) << text;
+    EXPECT_EQ(again.uses().evicts(0), kept) << "before the first request";
+    const Off placed = kept ? Off{0, 0, 0} : Off{128 * mib, 0, 0};
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(again.step(), (Off{0, 0, 0})) << second_ns << " ns, step " << i;
+    for (int i = 2; i < 8; ++i) {
+      EXPECT_EQ(again.step(), placed) << second_ns << " ns, step " << i;
+      EXPECT_EQ(again.uses().evicts(0), kept) << second_ns << " ns, step " << i;
+    }
+    const std::string report = again.uses().report();
+    EXPECT_NE(report.find(" evict=" + verdict + " placed_step_ms=120.0 evict_step_ms=" + (kept ? "114.0" : "115.0")),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find(" remembered=1"), std::string::npos) << report;
+
+    Job without(true, 64 * mib);
+    ASSERT_TRUE(without.uses().remember(text)) << text;
+    for (int i = 0; i < 4; ++i) {
+      const Off expect = i < 2 ? Off{0, 0, 0} : Off{128 * mib, 0, 0};
+      EXPECT_EQ(without.step(), expect) << second_ns << " ns, step " << i;
+      EXPECT_FALSE(without.uses().evicts(0));
+    }
+  }
 }
 
 // Each step the trials time is told (for the trace's `# place` lines), with
