@@ -28,6 +28,10 @@ void Evictor::look() {
 
 bool Evictor::make_room(int device, std::size_t size) {
   if (!evicting(device)) return false;
+  {
+    std::lock_guard lock(mutex_);
+    claimed_[device] += size;  // until served()
+  }
   if (vmm_.device_room(device) >= size) return true;
   const int64_t start = now_ns();
   const int64_t deadline = start + std::chrono::nanoseconds(settings_.wait).count();
@@ -53,6 +57,11 @@ bool Evictor::make_room(int device, std::size_t size) {
   work_.waits_expired += !room && !stuck_[device];
   work_.wait_ns += uint64_t(waited);
   return true;
+}
+
+void Evictor::served(int device, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  claimed_[device] -= size;
 }
 
 uint64_t Evictor::moves_ended() const {
@@ -127,10 +136,11 @@ void Evictor::look(int device, DeviceState& state) {
   CUcontext popped = nullptr;
   driver_.cuCtxPopCurrent_v2(&popped);
   const auto high = std::size_t(double(total) * settings_.high_room);
-  std::size_t wanted;
+  std::size_t wanted, claimed;
   {
     std::lock_guard lock(mutex_);
     wanted = wanted_[device];
+    claimed = claimed_[device];
   }
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
   const std::size_t enough = wanted + high;
@@ -145,12 +155,12 @@ void Evictor::look(int device, DeviceState& state) {
   // range (a launch used it where it lies, or a call waited for it to come
   // back: a backward pass uses what its forward pass made in reverse), those
   // evicted before it come back next, as far as `ahead` and the room go,
-  // leaving what a request waits for (without that, on the H100, the LM's
-  // forward pass reached a range evicted in it, and what came back ahead took
-  // the room made for a 20 GB request, which waited 0.9 s; sixty-first session);
-  // until then, as long as `high` stays free beside them and no request
-  // waits for room. First what calls wait for (bring_back), as far as the
-  // room goes; the rest is told no.
+  // leaving the room requests claimed (make_room to served(): without that,
+  // on the H100, the LM's forward pass reached a range evicted in it, and
+  // what came back ahead took the room made for a 20 GB request, which
+  // waited 0.9 s; sixty-first session); until then, as long as `high` stays
+  // free beside them and no request has a claim. First what calls wait for
+  // (bring_back), as far as the room goes; the rest is told no.
   std::vector<CUdeviceptr> back;
   std::size_t taking = 0;
   {
@@ -186,8 +196,8 @@ void Evictor::look(int device, DeviceState& state) {
   const auto batch = std::size_t(double(total) * settings_.batch);
   for (const VmmPool::Live* l : evicted) {
     if (std::find(back.begin(), back.end(), l->base) != back.end()) continue;
-    if (next(l) ? taking + l->spilled > ahead || room < taking + l->spilled + wanted
-                : wanted || room < taking + l->spilled + high) {
+    if (next(l) ? taking + l->spilled > ahead || room < taking + l->spilled + claimed
+                : claimed || room < taking + l->spilled + high) {
       break;
     }
     if (!back.empty() && taking + l->spilled > batch) break;

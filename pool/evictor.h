@@ -125,8 +125,13 @@ class Evictor {
   // to make it, rather than let the request spill: kernels then write and
   // read the new allocation in device memory, and the evictor's copies move
   // the idle ones at the copy engines' pace. Returns whether the evictor
-  // evicts on `device` now (Settings::evicting), room or not.
+  // evicts on `device` now (Settings::evicting), room or not. Where it does,
+  // the request has a claim on `size` bytes of the room from then on, until
+  // served(): nothing comes back to the device into it.
   bool make_room(int device, std::size_t size);
+  // The request of `size` bytes that make_room let go (returning true) on
+  // `device` has been served, or refused: its claim ends.
+  void served(int device, std::size_t size);
   // Batches of moves ended so far: read before a request is tried, for
   // wait_moves.
   uint64_t moves_ended() const;
@@ -230,7 +235,7 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, wanted_, stuck_, moving_, urgent_
+  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, wanted_, stuck_, claimed_, moving_, urgent_
   std::condition_variable looked_, moved_;
   bool moving_ = false;  // a batch of moves is under way
   uint64_t ended_ = 0;   // batches of moves ended
@@ -241,6 +246,9 @@ class Evictor {
   // last look found nothing it could move for it.
   std::unordered_map<int, std::size_t> wanted_;
   std::unordered_map<int, bool> stuck_;
+  // Per device: the bytes of the requests make_room holds or let go and that
+  // are not yet served (served()).
+  std::unordered_map<int, std::size_t> claimed_;
   // Parked ranges calls wait for (bring_back), until a look moves them or says no.
   std::vector<CUdeviceptr> urgent_;
   // The calling thread's own (the mover's).

@@ -105,6 +105,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     status =
         vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   }
+  if (evicting) evictor_->served(a.device, a.size - use.off_device);
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();
   if (tiers_->spilled(a.device)) {

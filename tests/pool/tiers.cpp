@@ -1281,7 +1281,7 @@ TEST_F(EvictPark, WhatComesBackAheadLeavesTheRoomARequestWaitsFor) {
   });
   // r2, idle again, goes for w: 32 MiB of room, r1's size.
   EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r2) == 32 * mib; })) << "r2 not evicted for w";
-  usleep(100 * 1000);  // looks enough to bring r1 back, were that allowed
+  usleep(50 * 1000);  // looks enough to bring r1 back, were that allowed
   in_use->stop();      // u, idle, goes too: w has its room
   request.join();
   in_use.reset();
