@@ -844,6 +844,23 @@ TEST_F(EvictorAdopts, ARangeSpilledWhenRequestedStaysWhileNotEvicting) {
   EXPECT_EQ(left_on_host(), 128 * MiB);
 }
 
+// A request make_room let go has a claim on the room until the pool has
+// served it (Evictor::served): nothing comes back into that room meanwhile,
+// though the device has room for it; once the request is served, what lies
+// off the device comes back.
+TEST_F(EvictorAdopts, NothingComesBackIntoTheRoomOfARequestNotYetServed) {
+  std::vector<Block> large;
+  for (int i = 0; i < 66; ++i) large.push_back(alloc(128 * MiB));
+  ASSERT_EQ(on_host(large.back()), 128 * MiB) << "the last spills";
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(pool.free(large[i].base), CUDA_SUCCESS);
+  ASSERT_TRUE(evictor.make_room(0, 512 * MiB));  // room enough: let go at once
+  looks(4);
+  EXPECT_EQ(on_host(large.back()), 128 * MiB) << "back into the room of a request not yet served";
+  evictor.served(0, 512 * MiB);
+  looks(4);
+  EXPECT_EQ(on_host(large.back()), 0u);
+}
+
 // make_room says whether the evictor evicts the device (the request is then
 // not served by step: VmmPool::alloc), whether or not it had room to make.
 TEST_F(EvictorLooks, MakeRoomSaysWhetherTheEvictorEvicts) {
