@@ -1265,10 +1265,12 @@ TEST_F(EvictPark, WhatComesBackAheadLeavesTheRoomARequestWaitsFor) {
   auto in_use = std::make_unique<Launcher>(ctx_, u, std::chrono::milliseconds(1));
   CUdeviceptr z = alloc(32 * mib);  // spills: the evictor parks r1, the oldest idle
   keep(z);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r1) == 32 * mib; })) << "r1 not parked";
+  // Parked: off the device, and unmapped at its addresses (its move ended).
+  auto parked = [&](CUdeviceptr p) { return spilled_bytes(OwnStats(), p) == 32 * mib && driver_handle(p) == 0; };
+  ASSERT_TRUE(eventually([&] { return parked(r1); })) << "r1 not parked";
   CUdeviceptr z2 = alloc(32 * mib);  // takes r1's room: r2 is parked next
   keep(z2);
-  ASSERT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), r2) == 32 * mib; })) << "r2 not parked";
+  ASSERT_TRUE(eventually([&] { return parked(r2); })) << "r2 not parked";
   {
     Launcher user(ctx_, r2, std::chrono::hours(1));  // once: r1 is due back next
     EXPECT_EQ(user.failed(), 0);
