@@ -82,11 +82,12 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   Block block;
   const Uses::Request use = uses_.request(a.device, a.size);
+  // Only what the plan (placing by use) leaves to the device waits for room there.
+  const std::size_t on_device = a.size > use.off_device ? a.size - use.off_device : 0;
   bool evicting = false;
   if (evictor_ && a.size >= Uses::min_size && !quiet() && tiers_->spilled(a.device)) {
     mover_->spilled(now_ns());  // a request short of room keeps the mover's thread evicting
-    // Only what the plan (placing by use) leaves to the device waits for room there.
-    if (a.size > use.off_device) evicting = evictor_->make_room(a.device, a.size - use.off_device);
+    if (on_device) evicting = evictor_->make_room(a.device, on_device);
   }
   const Work before = trace_ ? vmm_->work(a.device) : Work{};
   const StreamOrder::Figures events_before = trace_ ? vmm_->events() : StreamOrder::Figures{};
@@ -105,7 +106,7 @@ CUresult Pool::alloc_pooled(CUdeviceptr* dptr, Allocation a, StreamId stream, Sp
     status =
         vmm_->alloc(&block, a.size, a.device, a.context, stream, quiet(), use.off_device, use.device_first, evicting);
   }
-  if (evicting) evictor_->served(a.device, a.size - use.off_device);
+  if (evicting) evictor_->served(a.device, on_device);
   if (status != CUDA_SUCCESS) return status;
   if (trace_ && access_ && access_->counting()) trace_->counting();
   if (tiers_->spilled(a.device)) {
