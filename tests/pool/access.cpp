@@ -105,7 +105,8 @@ using Repeat = Place;  // a process of its own: its steps start the trial afresh
 using Traced = Place;  // the pool writes a trace (GMEM_TEST_TRACE)
 using Lazy = Place;    // track_from at its default, a 64 MiB device, no tiers
 using BringIn = Place;  // bring_in:1, the mover's quiet a minute long
-using Slow = Place;     // bring_in:tried (its trial never begins), slow_launch:10, the mover's quiet a minute long; also with evict:tried
+using Slow = Place;     // bring_in:tried (its trial never begins), slow_launch:10, the mover's quiet a minute long;
+                        // also with evict:tried
 using Remake = Place;   // as Repeat, in a process of its own
 
 // Two addresses in the spilled range count it once; the device range adds a
