@@ -36,8 +36,8 @@ bool Evictor::make_room(int device, std::size_t size) {
   const int64_t start = now_ns();
   const int64_t deadline = start + std::chrono::nanoseconds(settings_.wait).count();
   std::unique_lock lock(mutex_);
-  std::size_t& wanted = wanted_[device];
-  wanted = std::max(wanted, size);
+  std::multiset<std::size_t>& waiting = waiting_[device];
+  const auto mine = waiting.insert(size);
   stuck_[device] = false;
   const uint64_t last_look = looks_ + settings_.wait_looks;
   bool room = false;
@@ -48,7 +48,7 @@ bool Evictor::make_room(int device, std::size_t size) {
     lock.lock();
     if (room) break;
   }
-  wanted = 0;
+  waiting.erase(mine);
   const int64_t waited = now_ns() - start;
   tell(0, "waited " + std::to_string(size) + " " + std::to_string(waited / 1000) + " " +
               (room ? "room" : stuck_[device] ? "stuck" : "expired"));
@@ -139,7 +139,8 @@ void Evictor::look(int device, DeviceState& state) {
   std::size_t wanted, claimed;
   {
     std::lock_guard lock(mutex_);
-    wanted = wanted_[device];
+    const std::multiset<std::size_t>& waiting = waiting_[device];
+    wanted = waiting.empty() ? 0 : *waiting.rbegin();
     claimed = claimed_[device];
   }
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);

@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -235,16 +236,17 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, wanted_, stuck_, claimed_, moving_, urgent_
+  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, waiting_, stuck_, claimed_, moving_, urgent_
   std::condition_variable looked_, moved_;
   bool moving_ = false;  // a batch of moves is under way
   uint64_t ended_ = 0;   // batches of moves ended
   uint64_t looks_ = 0;
   int64_t looked_ns_ = 0;  // when the last look ended
   Work work_;
-  // Per device: the largest request waiting in make_room, and whether the
-  // last look found nothing it could move for it.
-  std::unordered_map<int, std::size_t> wanted_;
+  // Per device: the requests waiting in make_room (the evictor makes room
+  // for the largest), and whether the last look found nothing it could move
+  // for it.
+  std::unordered_map<int, std::multiset<std::size_t>> waiting_;
   std::unordered_map<int, bool> stuck_;
   // Per device: the bytes of the requests make_room holds or let go and that
   // are not yet served (served()).

@@ -3,9 +3,11 @@
 // the rest of the pool or a device.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <unordered_set>
 
 #include "accounting_driver.h"
@@ -859,6 +861,31 @@ TEST_F(EvictorAdopts, NothingComesBackIntoTheRoomOfARequestNotYetServed) {
   evictor.served(0, 512 * MiB);
   looks(4);
   EXPECT_EQ(on_host(large.back()), 0u);
+}
+
+// Two requests wait in make_room: the smaller finds its room first and goes;
+// the evictor still makes the larger one's, once more ranges are idle, rather
+// than let it wait out its looks and spill.
+TEST_F(EvictorLooks, ALargerRequestStillWaitingKeepsItsRoomWantedWhenASmallerOneGoes) {
+  std::vector<Block> large;
+  for (int i = 0; i < 8; ++i) large.push_back(alloc(128 * MiB));
+  looks(3);  // the first 8 are idle from the next look; the device has room, nothing moves
+  for (int i = 0; i < 56; ++i) large.push_back(alloc(128 * MiB));
+  ASSERT_EQ(on_host(large.back()), 0u);
+  ASSERT_LT(pool.device_room(0), 512 * MiB);
+  std::thread small([&] { evictor.make_room(0, 512 * MiB); });
+  std::thread larger([&] { evictor.make_room(0, 2048 * MiB); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both wait
+  looks(1);      // only the first 8 are idle: 1 GiB of room
+  small.join();  // it has its room
+  ASSERT_GE(pool.device_room(0), 512 * MiB);
+  ASSERT_LT(pool.device_room(0), 2048 * MiB);
+  for (int i = 0; i < 300 && evictor.work().waits < 2; ++i) looks(1);
+  larger.join();
+  EXPECT_GE(pool.device_room(0), 2048 * MiB);
+  EXPECT_EQ(evictor.work().waits_expired, 0u) << "the larger request waited out its looks";
+  evictor.served(0, 512 * MiB);
+  evictor.served(0, 2048 * MiB);
 }
 
 // make_room says whether the evictor evicts the device (the request is then
