@@ -9,7 +9,7 @@
 #     --quick: fewer training steps; STEP...: run only the steps whose names
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
-#     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, spill-capped,
+#     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, spill-capped, spill-plan-file,
 #     torch-default-lm, torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
@@ -717,7 +717,36 @@ spill_capped() {
     --warmup 1 --steps 11 --timeout 250 --conf "host_budget:85%$budget" || rc=1
   return "$rc"
 }
-export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped  # defined after the others were exported
+# evict:tried with plan_file: a job run again starts where its last run left
+# its trials. The LM at 300 capped at 58G (2.26x the cap, on either GPU) twice
+# on one plan file: the second run takes back the first's verdicts
+# (remembered=1) and keeps the same verdict on eviction without a trial (kept,
+# it evicts from its first spill). Each run's BENCH first_step_vs_steady says
+# what the trials cost the first steps: the first run's trials took its first
+# 8-10 steps, 4.5-10.0 s each, on an H100 (docs/results.md, sixty-first session).
+spill_plan_file() {
+  local dir=$out/spill-plan-file rc=0 run evict first_evict remembered
+  mkdir -p "$dir"
+  rm -f "$dir/p.plan"
+  for run in first again; do
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$run" --job lm --sizes 300 --warmup 1 --steps 12 \
+      --timeout 250 --conf "host_budget:85%,report:1,device_budget:58G,evict:tried,evict_park:1,plan_file:$dir/p.plan" \
+      >"$dir/$run.txt" 2>&1 || { rc=1; break; }
+    grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$run.txt" | sed -E 's/, limit.*//'
+    evict=$(grep -o ' evict=[a-z]*' "$dir/$run.txt" | tail -1)
+    remembered=$(grep -o ' remembered=[01]' "$dir/$run.txt" | tail -1)
+    echo "$run run:${evict:- no report place line}${remembered}"
+    if [ "$run" = first ]; then
+      first_evict=$evict
+      [ -s "$dir/p.plan" ] || { echo "no plan file written"; rc=1; break; }
+    elif [ "$remembered" != " remembered=1" ] || [ "$evict" != "$first_evict" ]; then
+      echo "expected the first run's verdict (${first_evict:-none}), remembered"
+      rc=1
+    fi
+  done
+  return "$rc"
+}
+export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped spill_plan_file  # defined after the others were exported
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
@@ -729,6 +758,9 @@ if named spill-tried-lm; then
 fi
 if named spill-capped; then
   step spill-capped 580 spill_capped
+fi
+if named spill-plan-file; then
+  step spill-plan-file 580 spill_plan_file
 fi
 
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
