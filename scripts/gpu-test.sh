@@ -725,13 +725,13 @@ spill_capped() {
 # what the trials cost the first steps: the first run's trials took its first
 # 8-10 steps, 4.5-10.0 s each, on an H100 (docs/results.md, sixty-first session).
 spill_plan_file() {
-  local dir=$out/spill-plan-file rc=0 run evict first_evict remembered
+  local dir=$out/spill-plan-file rc=0 run evict first_evict remembered conf
   mkdir -p "$dir"
   rm -f "$dir/p.plan"
+  conf=host_budget:85%,report:1,device_budget:58G,evict:tried,evict_park:1,plan_file:$dir/p.plan
   for run in first again; do
     python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$run" --job lm --sizes 300 --warmup 1 --steps 12 \
-      --timeout 250 --conf "host_budget:85%,report:1,device_budget:58G,evict:tried,evict_park:1,plan_file:$dir/p.plan" \
-      >"$dir/$run.txt" 2>&1 || { rc=1; break; }
+      --timeout 250 --conf "$conf" >"$dir/$run.txt" 2>&1 || { rc=1; break; }
     grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$run.txt" | sed -E 's/, limit.*//'
     evict=$(grep -o ' evict=[a-z]*' "$dir/$run.txt" | tail -1)
     remembered=$(grep -o ' remembered=[01]' "$dir/$run.txt" | tail -1)
