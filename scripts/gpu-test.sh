@@ -718,35 +718,41 @@ spill_capped() {
   return "$rc"
 }
 # evict:tried with plan_file: a job run again starts where its last run left
-# its trials. The LM at 300 capped at 58G (2.26x the cap, on either GPU) twice
-# on one plan file: the second run takes back the first's verdicts
-# (remembered=1) and keeps the same verdict on eviction without a trial (kept,
-# it evicts from its first spill). Each run's BENCH first_step_vs_steady says
-# what the trials cost the first steps: the first run's trials took its first
-# 8-10 steps, 4.5-10.0 s each, on an H100 (docs/results.md, sixty-first session).
+# its trials. Each job twice on a plan file of its own, on either GPU: the LM
+# at 300 capped at 58G (2.26x the cap; its trial keeps eviction) and the GCN
+# at 2.6M capped at 31G (2.0x; its trial drops eviction, about 20 s over 6
+# steps). The second run takes back the first's verdicts (remembered=1) and
+# keeps the same verdict on eviction without a trial: the LM evicts from its
+# first spill. Each run's BENCH first_step_vs_steady says what the trials cost
+# the first steps: the LM's trials took its first 8-10 steps, 4.5-10.0 s each,
+# on an H100 (docs/results.md, sixty-first session).
 spill_plan_file() {
-  local dir=$out/spill-plan-file rc=0 run evict first_evict remembered conf
+  local dir=$out/spill-plan-file rc=0 job run evict first_evict remembered conf
   mkdir -p "$dir"
-  rm -f "$dir/p.plan"
-  conf=host_budget:85%,report:1,device_budget:58G,evict:tried,evict_park:1,plan_file:$dir/p.plan
-  for run in first again; do
-    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$run" --job lm --sizes 300 --warmup 1 --steps 12 \
-      --timeout 250 --conf "$conf" >"$dir/$run.txt" 2>&1 || { rc=1; break; }
-    grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$run.txt" | sed -E 's/, limit.*//'
-    evict=$(grep -o ' evict=[a-z]*' "$dir/$run.txt" | tail -1)
-    remembered=$(grep -o ' remembered=[01]' "$dir/$run.txt" | tail -1)
-    echo "$run run:${evict:- no report place line}${remembered}"
-    if [ "$run" = first ]; then
-      first_evict=$evict
-      [ -s "$dir/p.plan" ] || { echo "no plan file written"; rc=1; break; }
-    elif [ "$remembered" != " remembered=1" ] || [ "$evict" != "$first_evict" ]; then
-      echo "expected the first run's verdict (${first_evict:-none}), remembered"
-      rc=1
-    fi
+  for job in lm:300:58G gnn:2600000:31G; do
+    IFS=: read -r job size cap <<<"$job"
+    rm -f "$dir/$job.plan"
+    conf=host_budget:85%,report:1,device_budget:$cap,evict:tried,evict_park:1,plan_file:$dir/$job.plan
+    for run in first again; do
+      python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$job-$run" --job "$job" --sizes "$size" --warmup 1 \
+        --steps 14 --timeout 250 --conf "$conf" >"$dir/$job-$run.txt" 2>&1 || { rc=1; break; }
+      grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$job-$run.txt" | sed -E 's/, limit.*//'
+      evict=$(grep -o ' evict=[a-z]*' "$dir/$job-$run.txt" | tail -1)
+      remembered=$(grep -o ' remembered=[01]' "$dir/$job-$run.txt" | tail -1)
+      echo "$job, $run run:${evict:- no report place line}${remembered}"
+      if [ "$run" = first ]; then
+        first_evict=$evict
+        [ -s "$dir/$job.plan" ] || { echo "no plan file written"; rc=1; break; }
+      elif [ "$remembered" != " remembered=1" ] || [ "$evict" != "$first_evict" ]; then
+        echo "expected remembered=1 and the first run's verdict:${first_evict:- none}"
+        rc=1
+      fi
+    done
   done
   return "$rc"
 }
-export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped spill_plan_file  # defined after the others were exported
+# defined after the others were exported
+export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped spill_plan_file
 if named spill-uses; then
   step spill-uses 580 spill_uses
 fi
