@@ -123,15 +123,15 @@
 // temporaries used at once (the GCN: 10.1 s against 6.3 s): docs/results.md,
 // thirtieth and thirty-first sessions.
 //
-// A job run again may start where its last run left the trials
-// (plan_file): remembered() writes each device's verdicts (the plan's,
-// bringing in's and eviction's) and the figures of its kinds the plan is made
-// from, remember() takes them back before the first request; a device whose
-// last run kept eviction evicts from the start. A kind is known by its size and those of the two large
-// requests before it, so the same job finds its kinds again (but its first
-// large requests, after others than in later steps); the plan is then in
-// force (or dropped) from the start, with no step in the order requested:
-// the LM at 2.26x a 58 GB budget on an H200 steps about 9.3 s in that order
+// A job run again may start where its last run left the trials (plan_file):
+// remembered() writes each device's verdicts (the plan's, bringing in's and
+// eviction's) and the figures of its kinds the plan is made from, remember()
+// takes them back before the first request; a device whose last run kept
+// eviction evicts from the start. A kind is known by its size and those of the
+// two large requests before it, so the same job finds its kinds again (but its
+// first large requests, after others than in later steps); the plan is then in
+// force (or dropped) from the start, with no step in the order requested: the
+// LM at 2.26x a 58 GB budget on an H200 steps about 9.3 s in that order
 // against 4.6 s placed by use (docs/results.md). The kinds placed are those
 // alive at the last peak: the last run's until the first peak, then this
 // run's. A job that changed makes kinds of its own, which its peaks plan.
