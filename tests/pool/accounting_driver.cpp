@@ -11,7 +11,7 @@ uint64_t lag = 0, now = 0;
 namespace {
 
 std::vector<uint64_t> due;  // by event: the call at which it completes
-int current_device = 0;          // whose memory cuMemGetInfo tells
+thread_local int current_device = 0;  // whose memory cuMemGetInfo tells: a context stack is per thread, as in CUDA
 
 CUcontext context_of(int device) { return reinterpret_cast<CUcontext>(0xc0 + device); }
 std::size_t& used_of(bool host, bool peer) { return host ? accounts.host_used : peer ? accounts.peer_used : accounts.used; }
