@@ -38,10 +38,11 @@ bool Evictor::make_room(int device, std::size_t size) {
   std::unique_lock lock(mutex_);
   std::multiset<std::size_t>& waiting = waiting_[device];
   const auto mine = waiting.insert(size);
-  stuck_[device] = false;
+  std::size_t& reach = reach_[device];
+  reach = SIZE_MAX;
   const uint64_t last_look = looks_ + settings_.wait_looks;
   bool room = false;
-  while (!stuck_[device] && looks_ < last_look && now_ns() < deadline) {
+  while (reach >= size && looks_ < last_look && now_ns() < deadline) {
     looked_.wait_for(lock, period);
     lock.unlock();
     room = vmm_.device_room(device) >= size;
@@ -50,11 +51,12 @@ bool Evictor::make_room(int device, std::size_t size) {
   }
   waiting.erase(mine);
   const int64_t waited = now_ns() - start;
+  const bool stuck = !room && reach < size;
   tell(0, "waited " + std::to_string(size) + " " + std::to_string(waited / 1000) + " " +
-              (room ? "room" : stuck_[device] ? "stuck" : "expired"));
+              (room ? "room" : stuck ? "stuck" : "expired"));
   ++work_.waits;
-  work_.waits_stuck += !room && stuck_[device];
-  work_.waits_expired += !room && !stuck_[device];
+  work_.waits_stuck += stuck;
+  work_.waits_expired += !room && !stuck;
   work_.wait_ns += uint64_t(waited);
   return true;
 }
@@ -230,11 +232,12 @@ void Evictor::look(int device, DeviceState& state) {
     freed += l->size;
   }
   if (wanted) {
-    // Even all it could move, once idle, would not make the room: the request spills.
+    // A request that even all it could move, once idle, would not make room
+    // for spills; smaller ones go on waiting.
     std::size_t movable = 0;
     for (const VmmPool::Live& l : lives) movable += may_go(l) ? l.size : 0;
     std::lock_guard lock(mutex_);
-    stuck_[device] = room + movable < wanted;
+    reach_[device] = room + movable;
   }
   for (CUdeviceptr base : move(state, lives.front().context, off, true)) {
     Seen& s = state.seen[base];

@@ -236,7 +236,7 @@ class Evictor {
   AccessTable& table_;
   const vmm::Driver& driver_;
   const Settings settings_;
-  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, waiting_, stuck_, claimed_, moving_, urgent_
+  mutable std::mutex mutex_;  // work_, looks_, looked_ns_, waiting_, reach_, claimed_, moving_, urgent_
   std::condition_variable looked_, moved_;
   bool moving_ = false;  // a batch of moves is under way
   uint64_t ended_ = 0;   // batches of moves ended
@@ -244,10 +244,11 @@ class Evictor {
   int64_t looked_ns_ = 0;  // when the last look ended
   Work work_;
   // Per device: the requests waiting in make_room (the evictor makes room
-  // for the largest), and whether the last look found nothing it could move
-  // for it.
+  // for the largest), and the most room the last look while they waited
+  // found it could make, with all it could move (SIZE_MAX until a look): a
+  // request larger than that is stuck, a smaller one beside it waits on.
   std::unordered_map<int, std::multiset<std::size_t>> waiting_;
-  std::unordered_map<int, bool> stuck_;
+  std::unordered_map<int, std::size_t> reach_;
   // Per device: the bytes of the requests make_room holds or let go and that
   // are not yet served (served()).
   std::unordered_map<int, std::size_t> claimed_;

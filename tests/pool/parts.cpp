@@ -895,6 +895,33 @@ TEST_F(EvictorLooks, ALargerRequestStillWaitingKeepsItsRoomWantedWhenASmallerOne
   evictor.served(0, 2048 * MiB);
 }
 
+// A request larger than all the evictor could move would make room for
+// leaves at once, stuck, and spills; a smaller one waiting beside it waits
+// on for its own room and gets it.
+TEST_F(EvictorLooks, ARequestTooLargeForAnyRoomLeavesStuckAndASmallerOneWaitsOnForItsRoom) {
+  std::vector<Block> large;
+  for (int i = 0; i < 64; ++i) large.push_back(alloc(128 * MiB));
+  ASSERT_EQ(on_host(large.back()), 0u);
+  ASSERT_LT(pool.device_room(0), 512 * MiB);
+  std::thread small([&] { evictor.make_room(0, 512 * MiB); });
+  std::thread larger([&] { evictor.make_room(0, 16384 * MiB); });  // twice the device
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both wait
+  // The first look finds nothing idle yet: the larger one cannot be made room for.
+  for (int i = 0; i < 300 && evictor.work().waits < 2; ++i) {
+    looks(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  small.join();
+  larger.join();
+  const Evictor::Work work = evictor.work();
+  EXPECT_EQ(work.waits, 2u);
+  EXPECT_EQ(work.waits_stuck, 1u) << "the smaller request left as stuck too";
+  EXPECT_EQ(work.waits_expired, 0u);
+  EXPECT_GE(pool.device_room(0), 512 * MiB);
+  evictor.served(0, 512 * MiB);
+  evictor.served(0, 16384 * MiB);
+}
+
 // make_room says whether the evictor evicts the device (the request is then
 // not served by step: VmmPool::alloc), whether or not it had room to make.
 TEST_F(EvictorLooks, MakeRoomSaysWhetherTheEvictorEvicts) {
