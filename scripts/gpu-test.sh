@@ -10,7 +10,7 @@
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
 #     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, spill-capped, spill-plan-file,
-#     torch-default-lm, torch-default-losses) run only when named in full.
+#     evict-unseen, torch-default-lm, torch-default-losses) run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -475,6 +475,22 @@ if [ "$gpus" -ge 2 ]; then
     "$carry/migrate" peer 768 256 512
 elif selected migrate-peer; then
   record migrate-peer ".carry/migrate peer 768 256 512" "SKIPPED (needs 2 GPUs, found $gpus)"
+fi
+# A kernel that reaches 256 MiB only through a pointer kept in device memory
+# (tests/e2e/pointer_table.c) while 1 GiB more is allocated within a 1 GiB
+# device budget: without the evictor, then with it (evict:1) where the
+# launches hold the address too (seen), where they do not (unseen: the
+# evictor finds the memory idle and moves it while kernels write it), and so
+# parked (its device chunks unmapped). What docs/eviction.md says the gate
+# cannot see, and why eviction is off by default; each must keep every word.
+# Seconds each, only when named (evict-unseen).
+if named evict-unseen; then
+  unseen_conf=pool:vmm,device_budget:1G,device_reserve:0,peer_budget:0,host_budget:4G,host_prepare:0
+  for variant in off:unseen: on:seen:,evict:1 on:unseen:,evict:1 parked:unseen:,evict:1,evict_park:1; do
+    IFS=: read -r name reach conf <<<"$variant"
+    step "evict-unseen-$name-$reach" 60 "${migrate[@]}" "GMEM_CONF=$unseen_conf$conf" "$carry/pointer-table" "$reach" \
+      1024 256
+  done
 fi
 # The same with the host preparer on (pins ahead once the device is near full).
 step spill-prepared 120 spill_check "$carry/spill" pool:vmm,device_budget:1G,peer_budget:0,host_budget:4G,host_prepare:1G \
