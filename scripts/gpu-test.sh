@@ -10,7 +10,8 @@
 #     begin with one of these words (e.g. conformance sanitizer allreduce).
 #     Steps that take minutes (spill-train-gnn, spill-train-lm, spill-train-lmvar,
 #     spill-train-peer, spill-uses, spill-park-lm, spill-tried-lm, spill-capped, spill-plan-file,
-#     evict-unseen, torch-default-lm, torch-default-losses) run only when named in full.
+#     spill-plan-file-lm, spill-plan-file-gnn, evict-unseen, torch-default-lm, torch-default-losses)
+#     run only when named in full.
 # Benchmarks in .carry/bench/ run with the shim's folder first on
 # LD_LIBRARY_PATH and get two arguments: the shim and the real driver.
 set -uo pipefail
@@ -734,7 +735,9 @@ spill_capped() {
   return "$rc"
 }
 # evict:tried with plan_file: a job run again starts where its last run left
-# its trials. Each job twice on a plan file of its own, on either GPU: the LM
+# its trials. Each job twice on a plan file of its own (JOB:SIZE:CAP), on
+# either GPU, a step each (spill-plan-file runs both; spill-plan-file-lm or
+# -gnn one, where device time is short): the LM
 # at 300 capped at 58G (2.26x the cap; its trial keeps eviction) and the GCN
 # at 2.6M capped at 31G (2.0x; its trial drops eviction, about 20 s over 6
 # steps). The second run takes back the first's verdicts (remembered=1) and
@@ -743,29 +746,26 @@ spill_capped() {
 # the first steps: the LM's trials took its first 8-10 steps, 4.5-10.0 s each,
 # on an H100 (docs/results.md, sixty-first session).
 spill_plan_file() {
-  local dir=$out/spill-plan-file rc=0 job run evict first_evict remembered conf
+  local dir=$out/spill-plan-file job size cap run evict first_evict remembered conf
+  IFS=: read -r job size cap <<<"$1"
   mkdir -p "$dir"
-  for job in lm:300:58G gnn:2600000:31G; do
-    IFS=: read -r job size cap <<<"$job"
-    rm -f "$dir/$job.plan"
-    conf=host_budget:85%,report:1,device_budget:$cap,evict:tried,evict_park:1,plan_file:$dir/$job.plan
-    for run in first again; do
-      python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$job-$run" --job "$job" --sizes "$size" --warmup 1 \
-        --steps 14 --timeout 250 --conf "$conf" >"$dir/$job-$run.txt" 2>&1 || { rc=1; break; }
-      grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$job-$run.txt" | sed -E 's/, limit.*//'
-      evict=$(grep -o ' evict=[a-z]*' "$dir/$job-$run.txt" | tail -1)
-      remembered=$(grep -o ' remembered=[01]' "$dir/$job-$run.txt" | tail -1)
-      echo "$job, $run run:${evict:- no report place line}${remembered}"
-      if [ "$run" = first ]; then
-        first_evict=$evict
-        [ -s "$dir/$job.plan" ] || { echo "no plan file written"; rc=1; break; }
-      elif [ "$remembered" != " remembered=1" ] || [ "$evict" != "$first_evict" ]; then
-        echo "expected remembered=1 and the first run's verdict:${first_evict:- none}"
-        rc=1
-      fi
-    done
+  rm -f "$dir/$job.plan"
+  conf=host_budget:85%,report:1,device_budget:$cap,evict:tried,evict_park:1,plan_file:$dir/$job.plan
+  for run in first again; do
+    python3 tests/gpu/spill_train.py --shim "$shim" --out "$dir/$job-$run" --job "$job" --sizes "$size" --warmup 1 \
+      --steps 14 --timeout 250 --conf "$conf" >"$dir/$job-$run.txt" 2>&1 || return 1
+    grep -E '^- step|^BENCH .*(first_step_vs_steady|steady_step_ms)' "$dir/$job-$run.txt" | sed -E 's/, limit.*//'
+    evict=$(grep -o ' evict=[a-z]*' "$dir/$job-$run.txt" | tail -1)
+    remembered=$(grep -o ' remembered=[01]' "$dir/$job-$run.txt" | tail -1)
+    echo "$job, $run run:${evict:- no report place line}${remembered}"
+    if [ "$run" = first ]; then
+      first_evict=$evict
+      [ -s "$dir/$job.plan" ] || { echo "no plan file written"; return 1; }
+    elif [ "$remembered" != " remembered=1" ] || [ "$evict" != "$first_evict" ]; then
+      echo "expected remembered=1 and the first run's verdict:${first_evict:- none}"
+      return 1
+    fi
   done
-  return "$rc"
 }
 # defined after the others were exported
 export -f host_pool spill_uses lm_sizing spill_park_lm spill_tried_lm spill_capped spill_plan_file
@@ -781,9 +781,11 @@ fi
 if named spill-capped; then
   step spill-capped 580 spill_capped
 fi
-if named spill-plan-file; then
-  step spill-plan-file 580 spill_plan_file
-fi
+for job in lm:300:58G gnn:2600000:31G; do
+  if named spill-plan-file || named "spill-plan-file-${job%%:*}"; then
+    step "spill-plan-file-${job%%:*}" 580 spill_plan_file "$job"
+  fi
+done
 
 # The LM with its sequence length cycling through 256-4096 (size: tokens per
 # step) at the tokens of lm 264 and 400 (about 1.6 and 2.1x an H100), against
