@@ -132,6 +132,14 @@ bool parse_value(std::string_view text, config_type::optional_path& out, std::st
   return true;
 }
 
+bool parse_value(std::string_view text, config_type::plan& out, std::string& expected) {
+  out.automatic = text == "auto";
+  if (out.automatic) return out.path.clear(), true;
+  const bool parsed = parse_value(text, static_cast<config_type::optional_path&>(out), expected);
+  expected = "an absolute path, auto, or nothing";
+  return parsed;
+}
+
 // Reads one key:value pair into `config`; returns an error message or "".
 std::string apply(Config& config, std::string_view key, std::string_view value) {
   std::string expected;

@@ -30,6 +30,11 @@ struct optional_path {
 };
 using socket = optional_path;
 using file = optional_path;
+// plan_file's: an absolute path, nothing, or auto (a file of the job's own
+// under the user's cache directory: interpose/runtime.cpp, plan_path).
+struct plan : optional_path {
+  bool automatic = false;
+};
 }  // namespace config_type
 
 struct Config {

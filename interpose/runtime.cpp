@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -174,12 +175,52 @@ void start_trace(Runtime& rt) {
 // written at exit, by the process that read them (not a forked child), where
 // its trials reached a verdict.
 pid_t plan_owner = 0;
+std::string plan_path;  // the file, once start_plan has chosen it
+
+// plan_file:auto: $XDG_CACHE_HOME/gmem/plans (else ~/.cache/gmem/plans), made
+// where missing, and in it a file named for a hash (FNV-1a) of what tells the
+// job from others: its command line, its working directory, GMEM_CONF (other
+// budgets, other verdicts) and RANK (each process of a torchrun job its own
+// device's). Empty, said, where there is no such directory.
+std::string auto_plan_path() {
+  const char* cache = getenv("XDG_CACHE_HOME");
+  const char* home = getenv("HOME");
+  std::filesystem::path dir;
+  if (cache && *cache == '/') {
+    dir = cache;
+  } else if (home && *home == '/') {
+    dir = std::filesystem::path(home) / ".cache";
+  } else {
+    log_message(LogLevel::warn, "plan_file:auto needs HOME or XDG_CACHE_HOME; this run reads and writes no plan");
+    return {};
+  }
+  dir /= "gmem/plans";
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    log_message(LogLevel::warn, "plan_file:auto cannot make %s (%s); this run reads and writes no plan",
+                dir.c_str(), error.message().c_str());
+    return {};
+  }
+  std::ostringstream job;
+  job << std::ifstream("/proc/self/cmdline", std::ios::binary).rdbuf() << '\0'
+      << std::filesystem::current_path(error).string() << '\0';
+  for (const char* name : {"GMEM_CONF", "RANK"}) {
+    const char* value = getenv(name);
+    job << name << '=' << (value ? value : "") << '\0';
+  }
+  uint64_t hash = 0xcbf29ce484222325;
+  for (const unsigned char c : job.str()) hash = (hash ^ c) * 0x100000001b3;
+  char name[32];
+  snprintf(name, sizeof name, "%016llx.plan", static_cast<unsigned long long>(hash));
+  return dir / name;
+}
 
 void save_plan() {
   if (getpid() != plan_owner) return;
   const std::string text = the_runtime->pool->uses().remembered();
   if (text.empty()) return;  // no verdict: the file stays as it was
-  const std::string& path = the_runtime->config.plan_file.path;
+  const std::string& path = plan_path;
   const std::string temporary = path + ".tmp." + std::to_string(getpid());
   std::ofstream out(temporary, std::ios::trunc);
   out << text;
@@ -192,12 +233,15 @@ void save_plan() {
 }
 
 void start_plan(Runtime& rt) {
-  const std::string& path = rt.config.plan_file.path;
   if (!rt.config.track_access || !rt.config.place_by_use) {
     log_message(LogLevel::warn, "plan_file needs track_access:1 and place_by_use:1; %s is neither read nor written",
-                path.c_str());
+                rt.config.plan_file.automatic ? "auto's file" : rt.config.plan_file.path.c_str());
     return;
   }
+  plan_path = rt.config.plan_file.automatic ? auto_plan_path() : rt.config.plan_file.path;
+  const std::string& path = plan_path;
+  if (path.empty()) return;
+  if (rt.config.plan_file.automatic) log_message(LogLevel::info, "plan_file:auto: %s", path.c_str());
   if (std::ifstream in(path); in) {
     std::ostringstream text;
     text << in.rdbuf();
@@ -287,7 +331,7 @@ void initialise() {
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);
       if (use_vmm && !rt->config.trace.path.empty()) start_trace(*rt);
-      if (use_vmm && !rt->config.plan_file.path.empty()) start_plan(*rt);
+      if (use_vmm && (rt->config.plan_file.automatic || !rt->config.plan_file.path.empty())) start_plan(*rt);
       if (rt->config.dedup) start_dedup(*rt);
       start_ipc(*rt);
     }

@@ -8,7 +8,8 @@
 // percentage of a capacity: 50%), mem_info (device or tiers), bring_in (off,
 // tried or always), gbps (a rate in GB/s), socket (an
 // absolute path, or empty for the default), file (an absolute path, or empty
-// for none), millis (a whole number of milliseconds, at most an hour).
+// for none), plan (an absolute path, auto, or empty for none), millis (a
+// whole number of milliseconds, at most an hour).
 #define GMEM_CONFIG_KEYS(X)                                                          \
   X(disable, flag, "0",                                                              \
     "1: forward every driver call untouched; no pool, no accounting")                \
@@ -136,13 +137,15 @@
     "stream out of work). Off by default: on an H100 that GCN's settled steps "      \
     "were 7.7% shorter with it, but it took three more steps, each 1.7-2.4x as "     \
     "long, to settle; the LM at 2.1x neither gained nor lost (docs/results.md)")     \
-  X(plan_file, file, "",                                                             \
+  X(plan_file, plan, "",                                                             \
     "with pool:vmm and place_by_use, the plan of the job's last run is read from "    \
     "this file at start, where it exists, and this run's is written there at exit "   \
     "(where its trial reached a verdict): a job run again places by use, or in the "  \
     "order requested if its plan was dropped, from the start, with no trial (under "  \
     "evict:tried, it evicts from the start where the last run kept eviction); a job " \
-    "that changed plans its own kinds at its peaks; empty: none")                     \
+    "that changed plans its own kinds at its peaks; auto: a file per job in "         \
+    "$XDG_CACHE_HOME/gmem/plans (else ~/.cache/gmem/plans), named for a hash of its " \
+    "command line, working directory, GMEM_CONF and RANK; empty: none")              \
   X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \

@@ -2,14 +2,16 @@
 whose steps spill and repeat (replay-trace of a trace of such steps, under the
 shim, with the device capped below its peak) writes its plan's verdict at exit;
 run again, it takes the verdict back from the start (the report's
-remembered=1) and writes the file anew. A file that is not a plan, or a path
-that cannot be written, is said and the job runs on; a run with no verdict
-writes none."""
+remembered=1) and writes the file anew. plan_file:auto keeps a file per job
+(per command line) under the user's cache directory. A file that is not a
+plan, a path that cannot be written, or auto with no home, is said and the job
+runs on; a run with no verdict writes none."""
 import os
 import re
 import subprocess
 import tempfile
 import unittest
+import unittest.mock
 
 SHIM = os.environ.get("GMEM_SHIM")
 EMU = os.environ.get("GMEM_EMU")
@@ -39,12 +41,14 @@ class PlanFile(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def run_job(self, plan=None, trace=None):
+    def run_job(self, plan=None, trace=None, **env_more):
         """Runs the replay under gmem (a 130 MiB budget of a 1 GiB device for a
-        256 MiB peak); returns its stderr and stdout."""
+        256 MiB peak), with `env_more` in its environment; returns its stderr
+        and stdout."""
         conf = ("pool:vmm,stats_dir:" + self.dir.name + ",device_budget:130M,host_budget:1G,host_prepare:0,"
                 "place_by_use:1,track_access:1,report:1,plan_file:" + (plan or self.plan))
-        env = dict(os.environ, LD_PRELOAD=SHIM, GMEM_REAL_LIBCUDA=EMU, GMEM_EMU_DEVICE_MEMORY="1G", GMEM_CONF=conf)
+        env = dict(os.environ, LD_PRELOAD=SHIM, GMEM_REAL_LIBCUDA=EMU, GMEM_EMU_DEVICE_MEMORY="1G", GMEM_CONF=conf,
+                   **env_more)
         run = subprocess.run([REPLAY, "--rounds", "1", trace or self.trace], env=env, capture_output=True,
                              text=True, timeout=120)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
@@ -77,6 +81,32 @@ class PlanFile(unittest.TestCase):
         self.assertIn("is not a plan gmem wrote", out)
         self.assertEqual(self.remembered(out), 0)
         self.assertTrue(self.read_plan().startswith("gmem plan v3\ndevice 0 "))
+
+    def test_auto_keeps_a_file_per_job_in_the_cache_directory(self):
+        cache = os.path.join(self.dir.name, "cache")
+        plans = os.path.join(cache, "gmem", "plans")
+        self.assertEqual(self.remembered(self.run_job(plan="auto", XDG_CACHE_HOME=cache)), 0)
+        self.assertEqual(len(os.listdir(plans)), 1)
+        self.assertEqual(self.remembered(self.run_job(plan="auto", XDG_CACHE_HOME=cache)), 1)
+        self.assertEqual(len(os.listdir(plans)), 1)
+        # Another command line (another trace) is another job, with a file of its own.
+        other = os.path.join(self.dir.name, "other.trace")
+        write_trace(other, 8)
+        self.assertEqual(self.remembered(self.run_job(plan="auto", trace=other, XDG_CACHE_HOME=cache)), 0)
+        self.assertEqual(len(os.listdir(plans)), 2)
+        # Without XDG_CACHE_HOME: under $HOME/.cache.
+        home = os.path.join(self.dir.name, "home")
+        os.mkdir(home)
+        env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+        with unittest.mock.patch.dict(os.environ, env, clear=True):
+            self.run_job(plan="auto", HOME=home)
+        self.assertEqual(len(os.listdir(os.path.join(home, ".cache", "gmem", "plans"))), 1)
+
+    def test_auto_without_a_home_is_said(self):
+        env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "HOME")}
+        with unittest.mock.patch.dict(os.environ, env, clear=True):
+            out = self.run_job(plan="auto")
+        self.assertIn("plan_file:auto needs HOME or XDG_CACHE_HOME", out)
 
     def test_a_path_that_cannot_be_written_is_said(self):
         out = self.run_job(plan=os.path.join(self.dir.name, "no-such-dir", "job.plan"))

@@ -55,6 +55,13 @@ TEST(Config, BadValueSaysWhatIsExpected) {
   EXPECT_EQ(parse_config("dedup_socket:").config.dedup_socket.path, "");
   EXPECT_EQ(parse_config("dedup_socket:d.sock").error,
             "bad value 'd.sock' for key 'dedup_socket' (expected an absolute path, or nothing)");
+  EXPECT_TRUE(parse_config("plan_file:auto").config.plan_file.automatic);
+  EXPECT_EQ(parse_config("plan_file:auto").config.plan_file.path, "");
+  EXPECT_FALSE(parse_config("plan_file:/tmp/j.plan").config.plan_file.automatic);
+  EXPECT_EQ(parse_config("plan_file:/tmp/j.plan").config.plan_file.path, "/tmp/j.plan");
+  EXPECT_FALSE(parse_config("").config.plan_file.automatic);
+  EXPECT_EQ(parse_config("plan_file:j.plan").error,
+            "bad value 'j.plan' for key 'plan_file' (expected an absolute path, auto, or nothing)");
 }
 
 TEST(Config, BudgetsAreSizesOrShares) {
