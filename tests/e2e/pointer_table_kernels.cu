@@ -1,11 +1,7 @@
 // pointer_table.c's kernel, compiled by nvcc at build time and embedded as a
 // fatbin (tests/meson.build): one step over memory the kernel reaches through
 // a pointer kept in device memory.
-#include <stdint.h>
-
-__device__ __forceinline__ unsigned wrong(uint4 v, unsigned expect) {
-  return (v.x != expect) + (v.y != expect) + (v.z != expect) + (v.w != expect);
-}
+#include "count_step.cuh"
 
 // x = table[0]: every 32-bit word of x[0, n) should be `expect`; each becomes
 // its value plus 1. `seen` is not read: the program passes x there or 0, so
@@ -19,17 +15,7 @@ extern "C" __global__ void gmem_pointer_table_step(uint4* const* table, const ui
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long count = 0;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    uint4 a = x[i];
-    count += wrong(a, expect);
-    a.x += 1;
-    a.y += 1;
-    a.z += 1;
-    a.w += 1;
-    x[i] = a;
+    count += count_up(x, i, expect);
   }
-  for (int s = 16; s > 0; s >>= 1) count += __shfl_down_sync(0xffffffffu, count, s);
-  if ((threadIdx.x & 31) == 0 && count) {
-    atomicAdd(&bad[0], count);
-    atomicMin(&bad[1], (unsigned long long)expect);
-  }
+  tell_wrong(count, expect, bad);
 }
