@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "dedup/wire.h"
 #include "dedup/client.h"
@@ -180,8 +182,11 @@ std::string plan_path;  // the file, once start_plan has chosen it
 // plan_file:auto: $XDG_CACHE_HOME/gmem/plans (else ~/.cache/gmem/plans), made
 // where missing, and in it a file named for a hash (FNV-1a) of what tells the
 // job from others: its command line, its working directory, GMEM_CONF (other
-// budgets, other verdicts) and RANK (each process of a torchrun job its own
-// device's). Empty, said, where there is no such directory.
+// budgets, other verdicts), RANK (each process of a torchrun job its own
+// device's) and the machine's GPU models as the NVIDIA driver lists them
+// (another GPU, other verdicts: a plan read back is kept, never tried again,
+// so one made on an H200 would hold on an H100 sharing the home directory).
+// Empty, said, where there is no such directory.
 std::string auto_plan_path() {
   const char* cache = getenv("XDG_CACHE_HOME");
   const char* home = getenv("HOME");
@@ -209,6 +214,15 @@ std::string auto_plan_path() {
     const char* value = getenv(name);
     job << name << '=' << (value ? value : "") << '\0';
   }
+  std::vector<std::string> models;  // "Model: NVIDIA H100 80GB HBM3", one per GPU
+  for (const auto& gpu : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", error)) {
+    std::ifstream information(gpu.path() / "information");
+    for (std::string line; std::getline(information, line);) {
+      if (line.starts_with("Model:")) models.push_back(line);
+    }
+  }
+  std::sort(models.begin(), models.end());
+  for (const std::string& model : models) job << model << '\0';
   uint64_t hash = 0xcbf29ce484222325;
   for (const unsigned char c : job.str()) hash = (hash ^ c) * 0x100000001b3;
   char name[32];

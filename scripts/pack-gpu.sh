@@ -49,8 +49,8 @@ mkdir -p .carry/bench
 
 pack "$build/interpose/libcuda.so.1" .carry
 # Test programs that scripts/gpu-test.sh runs; a missing one is skipped there.
-for t in conformance/conformance driver-job driver-job-dlopen stress stitch spill spill-bw migrate pointer-table lazy-probe \
-  replay-trace quickstart-job dedup/dedup-hash-check dedup/dedup-job; do
+for t in conformance/conformance driver-job driver-job-dlopen stress stitch spill spill-bw migrate pointer-table \
+  lazy-probe replay-trace quickstart-job dedup/dedup-hash-check dedup/dedup-job; do
   if [ -f "$build/tests/$t" ]; then pack "$build/tests/$t" .carry; else echo "pack-gpu: no $build/tests/$t, left out"; fi
 done
 # Benchmarks: meson builds tests/bench/*.c* as tests/bench-*; either layout is

@@ -145,7 +145,8 @@
     "evict:tried, it evicts from the start where the last run kept eviction); a job " \
     "that changed plans its own kinds at its peaks; auto: a file per job in "         \
     "$XDG_CACHE_HOME/gmem/plans (else ~/.cache/gmem/plans), named for a hash of its " \
-    "command line, working directory, GMEM_CONF and RANK; empty: none")              \
+    "command line, working directory, GMEM_CONF, RANK and the machine's GPU models; " \
+    "empty: none")                                                                    \
   X(evict, evict, "0",                                                               \
     "1: with pool:vmm, track_access and migrate_after_ms, while a device spills, "    \
     "large allocations no launch has referenced lately move to the host (the oldest " \
