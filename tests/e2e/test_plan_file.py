@@ -11,7 +11,6 @@ import re
 import subprocess
 import tempfile
 import unittest
-import unittest.mock
 
 SHIM = os.environ.get("GMEM_SHIM")
 EMU = os.environ.get("GMEM_EMU")
@@ -41,14 +40,16 @@ class PlanFile(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def run_job(self, plan=None, trace=None, **env_more):
+    def run_job(self, plan=None, trace=None, unset=(), **env_more):
         """Runs the replay under gmem (a 130 MiB budget of a 1 GiB device for a
-        256 MiB peak), with `env_more` in its environment; returns its stderr
-        and stdout."""
+        256 MiB peak), with `env_more` in its environment and the variables
+        `unset` names not; returns its stderr and stdout."""
         conf = ("pool:vmm,stats_dir:" + self.dir.name + ",device_budget:130M,host_budget:1G,host_prepare:0,"
                 "place_by_use:1,track_access:1,report:1,plan_file:" + (plan or self.plan))
         env = dict(os.environ, LD_PRELOAD=SHIM, GMEM_REAL_LIBCUDA=EMU, GMEM_EMU_DEVICE_MEMORY="1G", GMEM_CONF=conf,
                    **env_more)
+        for name in unset:
+            env.pop(name, None)
         run = subprocess.run([REPLAY, "--rounds", "1", trace or self.trace], env=env, capture_output=True,
                              text=True, timeout=120)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
@@ -97,15 +98,11 @@ class PlanFile(unittest.TestCase):
         # Without XDG_CACHE_HOME: under $HOME/.cache.
         home = os.path.join(self.dir.name, "home")
         os.mkdir(home)
-        env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
-        with unittest.mock.patch.dict(os.environ, env, clear=True):
-            self.run_job(plan="auto", HOME=home)
+        self.run_job(plan="auto", HOME=home, unset=["XDG_CACHE_HOME"])
         self.assertEqual(len(os.listdir(os.path.join(home, ".cache", "gmem", "plans"))), 1)
 
     def test_auto_without_a_home_is_said(self):
-        env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "HOME")}
-        with unittest.mock.patch.dict(os.environ, env, clear=True):
-            out = self.run_job(plan="auto")
+        out = self.run_job(plan="auto", unset=["XDG_CACHE_HOME", "HOME"])
         self.assertIn("plan_file:auto needs HOME or XDG_CACHE_HOME", out)
 
     def test_a_path_that_cannot_be_written_is_said(self):
