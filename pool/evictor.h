@@ -53,8 +53,9 @@
 // What the gate cannot see: pointers kept in device memory (pointer arrays a
 // kernel reads), and graph nodes added by hand, which a graph launch could use
 // while a range moves (graph launches wait for every move, but a kernel of
-// one may already run). A kernel that reads a moving range through such a
-// pointer may read the wrong memory. Hence off by default (evict:1).
+// one may already run). A kernel that reaches a moving or parked range through
+// such a pointer faults or reads the wrong memory (tests/e2e/pointer_table.c
+// faults on an H100, parked or not). Hence off by default (evict:1).
 #pragma once
 
 #include <chrono>
