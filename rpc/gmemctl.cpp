@@ -93,7 +93,9 @@ int main(int argc, char** argv) {
   RunOptions run_options;
   auto* run = app.add_subcommand("run", "run CMD under gmem (LD_PRELOAD, GMEM_CONF); starts gmemd if none answers");
   run->add_option("--shim", run_options.shim, "the shim to preload (default: found next to gmemctl)");
-  run->add_option("--conf", run_options.conf, "GMEM_CONF for the job (default: the environment's)");
+  run->add_option("--conf", run_options.conf,
+                  "GMEM_CONF for the job (default: the environment's), with plan_file:auto added unless it names "
+                  "plan_file: a job run again takes back its last run's plan (plan_file: with no value for none)");
   run->add_option("--stats-dir", run_options.stats_dir, "where the job publishes stats (and gmemd reads them)");
   run->add_option("--host-pool", run_options.host_pool,
                   "if gmemctl starts gmemd, it also pins this much host memory (96G, or a share of the memory "

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "rpc/paths.h"
 
@@ -23,20 +24,24 @@ std::string gmemd_path() {
   return access(sibling.c_str(), X_OK) == 0 ? sibling : "gmemd";
 }
 
-// stats_dir from a GMEM_CONF string, or empty.
-// The value of `key` in a GMEM_CONF text; "" when absent.
-std::string conf_value(const std::string& conf, const std::string& key) {
+// The value of `key` in a GMEM_CONF text (the last, as the shim reads it);
+// none when the text does not name the key.
+std::optional<std::string> conf_item(const std::string& conf, const std::string& key) {
   const std::string prefix = key + ":";
+  std::optional<std::string> value;
   size_t start = 0;
   while (start <= conf.size()) {
     size_t end = conf.find(',', start);
     std::string item = conf.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (item.rfind(prefix, 0) == 0) return item.substr(prefix.size());
+    if (item.rfind(prefix, 0) == 0) value = item.substr(prefix.size());
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  return "";
+  return value;
 }
+
+// The value of `key` in a GMEM_CONF text; "" when absent.
+std::string conf_value(const std::string& conf, const std::string& key) { return conf_item(conf, key).value_or(""); }
 
 std::string stats_dir_in(const std::string& conf) { return conf_value(conf, "stats_dir"); }
 
@@ -132,6 +137,10 @@ int run_job(const RunOptions& options) {
   } else if (stats_dir_in(conf).empty()) {
     conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
   }
+  // A job run again takes back its last run's plan, with no trial (README:
+  // plan_file), unless its GMEM_CONF names a plan_file of its own (plan_file:
+  // with no value: none).
+  if (!conf_item(conf, "plan_file")) conf += (conf.empty() ? "" : ",") + std::string("plan_file:auto");
   if (const std::string lends = conf_value(conf, "host_pool"); !options.host_pool.empty() && (lends == "0" || lends == "false")) {
     fprintf(stderr, "gmemctl: --host-pool lends to jobs with host_pool:1; GMEM_CONF has host_pool:0\n");
     return exit_usage;

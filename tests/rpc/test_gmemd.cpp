@@ -387,7 +387,7 @@ TEST_F(Gmemd, RunStartsADaemonWhenNoneAnswersAndReturnsTheJobsStatus) {
   auto job = run_command({gmemctl, "--socket", socket, "run", "--shim", GMEM_SHIM_PATH, "--stats-dir", stats, "--",
                           "sh", "-c", "echo \"$LD_PRELOAD|$GMEM_CONF\"; exit 7"});
   EXPECT_EQ(job.status, 7) << job.err;
-  EXPECT_EQ(job.out, std::string(GMEM_SHIM_PATH) + "|stats_dir:" + stats + "\n");
+  EXPECT_EQ(job.out, std::string(GMEM_SHIM_PATH) + "|stats_dir:" + stats + ",plan_file:auto\n");
   EXPECT_NE(job.err.find("started gmemd on " + socket), std::string::npos) << job.err;
   // The daemon it started stays for gmemctl top and friends; this one is ours to stop.
   v1::HealthResponse health;
@@ -403,6 +403,23 @@ TEST_F(Gmemd, RunStartsADaemonWhenNoneAnswersAndReturnsTheJobsStatus) {
   auto missing = run_command({gmemctl, "--socket", socket, "run", "--shim", "/nonexistent/libcuda.so.1", "--", "true"});
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("--shim"), std::string::npos);
+}
+
+TEST_F(Gmemd, RunAddsAnAutoPlanFileUnlessTheJobsConfNamesOne) {
+  std::string socket = root_ + "/plan.sock";
+  auto conf_of = [&](const std::string& conf) {
+    auto job = run_command({gmemctl, "--socket", socket, "run", "--shim", GMEM_SHIM_PATH, "--conf", conf, "--", "sh",
+                            "-c", "echo \"$GMEM_CONF\""});
+    EXPECT_EQ(job.status, 0) << job.err;
+    return job.out;
+  };
+  EXPECT_EQ(conf_of("report:1"), "report:1,plan_file:auto\n");
+  EXPECT_EQ(conf_of("plan_file:/tmp/p.plan,report:1"), "plan_file:/tmp/p.plan,report:1\n");
+  EXPECT_EQ(conf_of("report:1,plan_file:"), "report:1,plan_file:\n") << "plan_file: with no value keeps none";
+  v1::HealthResponse health;
+  ASSERT_TRUE(health_of(socket, &health));
+  kill(health.pid(), SIGTERM);
+  EXPECT_TRUE(eventually([&] { return !fs::exists(socket); }));
 }
 
 TEST_F(Gmemd, DaemonCommandAndTcpListenerServeTheSameFigures) {
