@@ -9,8 +9,11 @@
  * hooks find it (it is not read); `unseen` passes 0. After the first second,
  * FILL_MIB more is allocated and never touched, so that the device spills and
  * the evictor, where it is on, moves idle memory (B, never referenced where
- * the gate looks, is idle). Steps for SECONDS (3), synchronizing every 8
- * steps and asking the real driver (GMEM_REAL_LIBCUDA) where B lies.
+ * the gate looks, is idle). From then on the program also pauses 20 ms every
+ * 64 steps, so that B lies idle long enough to be moved even where the
+ * launches reference it (`seen`: the next launch then finds it evicted, or
+ * parked). Steps for SECONDS (3), synchronizing every 8 steps and asking the
+ * real driver (GMEM_REAL_LIBCUDA) where B lies.
  * Prints the steps, whether B moved, and the words found wrong. Exit 0 where
  * no kernel saw a wrong word and B ends holding the step count; 1 where one
  * did, or a call failed (a kernel that reached B unmapped faults); 77 in a
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define PROGRAM "pointer-table"
 #include "check.h"
@@ -29,7 +33,7 @@
 extern const unsigned char gmem_pointer_table_kernels[];
 extern const size_t gmem_pointer_table_kernels_size;
 
-enum { threads = 256, sync_every = 8 };
+enum { threads = 256, sync_every = 8, pause_every = 64, pause_ms = 20 };
 static const size_t mib = 1 << 20;
 
 /* What a run saw of B's place. */
@@ -116,6 +120,10 @@ int main(int argc, char** argv) {
     if (++count % sync_every == 0) {
       CHECK(cuStreamSynchronize(stream));
       look(&real, b, block, &place);
+      if (filled && count % pause_every == 0) {
+        nanosleep(&(struct timespec){0, pause_ms * 1000000L}, NULL);
+        look(&real, b, block, &place);
+      }
     }
   }
   CHECK(cuStreamSynchronize(stream));
