@@ -479,11 +479,12 @@ elif selected migrate-peer; then
 fi
 # A kernel that reaches 256 MiB only through a pointer kept in device memory
 # (tests/e2e/pointer_table.c) while 1 GiB more is allocated within a 1 GiB
-# device budget, pausing 20 ms every 64 steps: without the evictor, then with
-# it (evict:1) where the launches hold the address too (seen: the next launch
-# finds it evicted), so parked (its device chunks unmapped; the launch maps it
-# back first), and where they do not (unseen: the evictor finds the memory
-# idle and moves it while kernels write it), unparked and parked. What
+# device budget: without the evictor, then with it (evict:1) where the
+# launches hold the address too (seen: the program pauses 20 ms every 64 steps
+# so that it is moved, and the next launch finds it evicted), so parked (its
+# device chunks unmapped; the launch maps it back first), and where they do
+# not (unseen: the evictor finds the memory idle and moves it while kernels
+# write it), unparked and parked. What
 # docs/eviction.md says the gate cannot see, and why eviction is off by
 # default; each must keep every word (the unseen ones fault on an H100:
 # docs/results.md, sixty-fourth session). Seconds each, only when named

@@ -9,11 +9,13 @@
  * hooks find it (it is not read); `unseen` passes 0. After the first second,
  * FILL_MIB more is allocated and never touched, so that the device spills and
  * the evictor, where it is on, moves idle memory (B, never referenced where
- * the gate looks, is idle). From then on the program also pauses 20 ms every
- * 64 steps, so that B lies idle long enough to be moved even where the
- * launches reference it (`seen`: the next launch then finds it evicted, or
- * parked). Steps for SECONDS (3), synchronizing every 8 steps and asking the
- * real driver (GMEM_REAL_LIBCUDA) where B lies.
+ * the gate looks, is idle). From then on, `seen` also pauses 20 ms every 64
+ * steps, so that B lies idle long enough to be moved though the launches
+ * reference it (the next launch then finds it evicted, or parked); `unseen`
+ * never pauses, so that the evictor moves B while kernels run (on an H100,
+ * with pauses an unparked move of B fell in a pause and kept every word,
+ * without them it faulted). Steps for SECONDS (3), synchronizing every 8
+ * steps and asking the real driver (GMEM_REAL_LIBCUDA) where B lies.
  * Prints the steps, whether B moved, and the words found wrong. Exit 0 where
  * no kernel saw a wrong word and B ends holding the step count; 1 where one
  * did, or a call failed (a kernel that reached B unmapped faults); 77 in a
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
     if (++count % sync_every == 0) {
       CHECK(cuStreamSynchronize(stream));
       look(&real, b, block, &place);
-      if (filled && count % pause_every == 0) {
+      if (seen && filled && count % pause_every == 0) {
         nanosleep(&(struct timespec){0, pause_ms * 1000000L}, NULL);
         look(&real, b, block, &place);
       }
