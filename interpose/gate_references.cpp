@@ -27,10 +27,21 @@ namespace gmem::gate {
 namespace {
 
 std::atomic<ReferenceCheck> installed{nullptr};
+std::atomic<UploadCheck> installed_upload{nullptr};
 // A check that calls a gated function through our own exports is not checked again.
 thread_local bool checking = false;
 
-enum class Reader : uint8_t { none, arguments, arrays, memcpy2d, memcpy3d, memcpy3d_peer, stream_mem_ops, unknown };
+enum class Reader : uint8_t {
+  none,
+  arguments,
+  upload,
+  arrays,
+  memcpy2d,
+  memcpy3d,
+  memcpy3d_peer,
+  stream_mem_ops,
+  unknown
+};
 
 struct Rule {
   Reader reader = Reader::none;
@@ -192,6 +203,8 @@ void read_references(Seen& seen, const Arguments& args, const Rule& rule) {
       }
       return;
     }
+    case Reader::upload:
+      return seen.add(args[rule.a[0]], args[rule.a[2]]);
     case Reader::arrays:
       return read_arrays(seen, args, rule);
     case Reader::memcpy2d:
@@ -210,6 +223,8 @@ void read_references(Seen& seen, const Arguments& args, const Rule& rule) {
 }  // namespace
 
 void set_reference_check(ReferenceCheck check) { installed.store(check); }
+
+void set_upload_check(UploadCheck check) { installed_upload.store(check); }
 
 void check_references(bool on) { gmem_gate_check_on.store(on ? 1 : 0); }
 
@@ -230,10 +245,14 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
   const Rule& rule = rules[index];
   if (rule.reader == Reader::none) return 0;
   const Arguments args(saved, stack, rule.narrow);
+  const UploadCheck upload =
+      rule.reader == Reader::upload && args[rule.a[2]] <= upload_bytes ? installed_upload.load() : nullptr;
   auto look = [&](bool act) {
     Seen seen(check, act);
     read_references(seen, args, rule);
-    return seen.flush();
+    Found found = seen.flush();
+    if (upload && upload(args.pointer<void>(rule.a[1]), args[rule.a[2]], act)) found.work = true;
+    return found;
   };
   checking = true;
   unsigned char counted = 0;

@@ -100,6 +100,36 @@ gate::Found look_at_references(const gate::Reference* refs, int count, bool act)
   return found;
 }
 
+// With evict: a copy to the device from host memory (gate.h's upload check).
+// Each aligned 8-byte word of it that is an address in a pool range is a
+// pointer the program keeps in device memory, which no launch's parameters
+// will show: the range is pointed (pool/access.h), so the evictor leaves it
+// on the device; one moving or parked needs work first: waited for, then
+// mapped back at its addresses. Pointed while the copy counts in flight, a
+// range is either pointed before a batch to the host closes the gate (the
+// batch sees it touched) or found parked once it opens. (A kernel that
+// reached a range so while it moved faulted on an H100:
+// tests/e2e/pointer_table.c, docs/results.md, sixty-fourth session.)
+bool look_at_upload(const void* host, std::size_t bytes, bool act) {
+  pool::Pool* pool = the_runtime ? the_runtime->pool : nullptr;
+  pool::AccessTable* table = pool ? pool->access() : nullptr;
+  if (!table || !host) return false;
+  bool work = false;
+  const auto* bytes_at = static_cast<const unsigned char*>(host);
+  for (std::size_t at = (8 - reinterpret_cast<uintptr_t>(host) % 8) % 8; at + 8 <= bytes; at += 8) {
+    CUdeviceptr word;
+    std::memcpy(&word, bytes_at + at, sizeof word);
+    pool::AccessRecord* record = table->find(word);
+    if (!record || word < record->base() || word - record->base() >= record->size()) continue;
+    record->point();
+    work = work || record->moving() || record->parked();
+    if (!act) continue;
+    if (record->moving()) table->wait_unmoved(*record);
+    if (record->parked()) pool->unpark(word, 1);
+  }
+  return work;
+}
+
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
@@ -341,6 +371,7 @@ void initialise() {
       }
       if (moving && rt->config.evict != pool::Evict::off) {
         gate::set_reference_check(look_at_references);
+        gate::set_upload_check(look_at_upload);
         gate::check_references(true);
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);

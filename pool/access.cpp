@@ -118,6 +118,7 @@ AccessRecord* AccessTable::add(CUdeviceptr base, std::size_t size, int device, s
   record->device_.store(device, std::memory_order_relaxed);
   record->host_.store(int64_t(host_bytes), std::memory_order_relaxed);
   record->peer_.store(int64_t(peer_bytes), std::memory_order_relaxed);
+  record->pointed_.store(false, std::memory_order_relaxed);
   record->taken_ = sums(record->id_);  // what its last range's launches counted is not this one's
   // Published by the release stores: a reader that finds it sees it filled.
   for (uint64_t s = base >> slot_bits, end = (base + size) >> slot_bits; s < end; ++s) {

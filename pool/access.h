@@ -107,6 +107,16 @@ class AccessRecord {
   // Some of its memory is parked (VmmPool::park_evictions): not mapped at its
   // addresses. A call that references it has it mapped first (Pool::unpark).
   bool parked() const { return parked_.load(std::memory_order_acquire); }
+  // Its address was copied into device memory (a table a kernel reads, which
+  // the launch hooks never see: gate.h's upload check): from then on until
+  // the allocation is freed, the evictor leaves it where it is. Pointing
+  // touches it too, which cancels a move to the host not yet remapped.
+  void point() {
+    pointed_.store(true, std::memory_order_release);
+    touch();
+  }
+  void unpoint() { pointed_.store(false, std::memory_order_release); }
+  bool pointed() const { return pointed_.load(std::memory_order_acquire); }
 
  private:
   friend class AccessTable;
@@ -116,7 +126,7 @@ class AccessRecord {
   std::atomic<std::size_t> size_{0};
   std::atomic<int> device_{-1};
   std::atomic<int64_t> host_{0}, peer_{0};
-  std::atomic<bool> moving_{false}, watched_{false}, touched_{false}, parked_{false};
+  std::atomic<bool> moving_{false}, watched_{false}, touched_{false}, parked_{false}, pointed_{false};
   AccessTable* table_ = nullptr;
   uint32_t id_ = 0;  // dense: the index of its counts in each thread's
   Figures taken_;    // the sums when last taken (under the table's mutex)

@@ -148,10 +148,12 @@ void Evictor::look(int device, DeviceState& state) {
   const std::size_t low = std::max(std::size_t(double(total) * settings_.low_room), wanted);
   const std::size_t enough = wanted + high;
   const auto least = std::size_t(double(total) * settings_.least);
-  // What may go to the host once idle: on the device, large enough, and not
-  // brought back with no launch of it since.
+  // What may go to the host once idle: on the device, large enough, not
+  // brought back with no launch of it since, and not pointed to from device
+  // memory (AccessRecord::pointed).
   auto may_go = [&](const VmmPool::Live& l) {
-    return l.spilled == 0 && l.size >= least && !state.seen[l.base].returned;
+    const AccessRecord* record = table_.find(l.base);
+    return l.spilled == 0 && l.size >= least && !state.seen[l.base].returned && !(record && record->pointed());
   };
 
   // Back, the last evicted first. Once the program has reached an evicted
@@ -429,7 +431,8 @@ void Evictor::carry_to_host(Batch& batch) {
   }
   // Each range in turn is marked moving from a point no launch straddles (a
   // launch that references it from then on waits for it; one that touched it
-  // since it was watched keeps it where it is), remapped and its content
+  // since it was watched keeps it where it is, as does a copy that wrote its
+  // address into device memory since it was chosen), remapped and its content
   // copied in; the range before it ends (its copy completed, or it goes back
   // to its device chunks) while this one copies.
   auto mark = [&](std::size_t i) {
@@ -437,7 +440,7 @@ void Evictor::carry_to_host(Batch& batch) {
     AccessRecord& record = *batch.records[i];
     bool touched = true;
     if (gate.mark_more([&] {
-          touched = record.touched();
+          touched = record.touched() || record.pointed();
           if (!touched) table_.set_moving(record, true);
         }) && !touched) {
       return;

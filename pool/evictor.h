@@ -51,7 +51,9 @@
 // ranges.
 //
 // What the gate cannot see: pointers kept in device memory (pointer arrays a
-// kernel reads), and graph nodes added by hand, which a graph launch could use
+// kernel reads) that no copy from host memory wrote (the gate's upload check
+// sees those: such an allocation is pointed, AccessRecord::pointed, and stays
+// on the device), and graph nodes added by hand, which a graph launch could use
 // while a range moves (graph launches wait for every move, but a kernel of
 // one may already run). A kernel that reaches a moving or parked range through
 // such a pointer faults or reads the wrong memory (tests/e2e/pointer_table.c

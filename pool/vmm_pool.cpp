@@ -368,6 +368,7 @@ void VmmPool::release(Range& range, std::size_t index, const Pending& pending) {
     slabs_.release(range, index, pending);
   } else {
     unpark_locked(range);  // a free range is mapped whole
+    if (AccessRecord* record = access_ ? access_->find(range.va.base()) : nullptr) record->unpoint();
     recall_[range.device].freed(round_up(block.size, books_[range.device].granularity));
     range.live = 0;
     range.idle_in_life.clear();

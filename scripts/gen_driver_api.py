@@ -125,7 +125,9 @@ def structs_with_device_pointers(cuda_h):
 def reference_rule(params, holding, known_structs):
     """What a gated call may touch, from its parameters: (reader, a0, a1, a2, a3,
     scale, narrow mask). `arguments`: CUdeviceptr at a0 and a1, extent
-    arg[a2] * arg[a3] * scale (an absent position counts 1); `arrays`: device
+    arg[a2] * arg[a3] * scale (an absent position counts 1); `upload`: a copy
+    from host memory at a1 of arg[a2] bytes to the CUdeviceptr at a0 (the
+    gate shows the host bytes to its upload check); `arrays`: device
     pointer arrays at a0 and a1, sizes at a2, their count at a3; a descriptor
     reader: the descriptor at a0 (and for stream_mem_ops, its count at a1);
     `unknown`: may touch device memory that cannot be told; `none`: touches
@@ -154,6 +156,8 @@ def reference_rule(params, holding, known_structs):
         return ("none", -1, -1, -1, -1, 1, narrow)
     if len(pointers) > 2:
         sys.exit(f"gen_driver_api: a gated call with {len(pointers)} device pointers: {params}")
+    if "srcHost" in names and "ByteCount" in names and len(pointers) == 1:  # a copy from host memory to the device
+        return ("upload", pointers[0], names.index("srcHost"), names.index("ByteCount"), -1, 1, narrow)
     a0, a1 = (pointers + [-1])[:2]
     extent, scale = [-1, -1], 1
     if "ByteCount" in names:

@@ -159,16 +159,18 @@
     "trial has ended and two more steps have been timed as its verdict places them, " \
     "and from then on only if the mean of its second and third steps was at least "   \
     "5% shorter than theirs (report:1 prints the trial); 0: never. "                  \
-    "Kernels that reach memory through pointers kept in device memory are not seen " \
-    "(docs/eviction.md): an experiment, off by default")                             \
+    "An allocation whose address a copy from host memory wrote into device memory "  \
+    "stays on the device; kernels that reach memory through pointers they or other " \
+    "calls wrote there are not seen, and fault if it moves (docs/eviction.md): an "   \
+    "experiment, off by default")                                                    \
   X(evict_park, flag, "0",                                                           \
     "1: with evict, what the evictor moves off the device is parked: copied into "   \
     "host chunks mapped once at addresses of their own, and the allocation's "        \
     "addresses left unmapped until a call references it (then mapped onto those "     \
     "host chunks first) or the evictor brings it back; no host chunk is given the "  \
     "device's access at each move. A kernel that reaches a parked allocation "       \
-    "through a reference gmem does not see (a pointer kept in device memory) "        \
-    "faults: off by default (docs/eviction.md)")                                      \
+    "through a reference gmem does not see (a pointer kept in device memory that "   \
+    "no copy from host memory wrote) faults: off by default (docs/eviction.md)")      \
   X(bring_in, bring_in, "tried",                                                     \
     "with pool:vmm, track_access and migrate_after_ms (not evict:1; with "          \
     "evict:tried, not on a device on eviction's trial or that kept it), a kernel launch " \

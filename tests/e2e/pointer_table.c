@@ -6,21 +6,25 @@
  * memory past the pool; each step's kernel reaches B through the table, checks
  * that every word of it holds the step's number and adds 1 to it. `seen`
  * passes B's address among the kernel's parameters too, where the launch
- * hooks find it (it is not read); `unseen` passes 0. After the first second,
+ * hooks find it (it is not read); `unseen` and `hidden` pass 0. `seen` and
+ * `unseen` write the table with a copy from host memory, where the gate's
+ * upload check finds B's address (with the evictor on, B then stays on the
+ * device); `hidden` writes it with two 32-bit sets, which nothing reads (as
+ * a pointer a kernel wrote). After the first second,
  * FILL_MIB more is allocated and never touched, so that the device spills and
  * the evictor, where it is on, moves idle memory (B, never referenced where
  * the gate looks, is idle). From then on, `seen` also pauses 20 ms every 64
  * steps, so that B lies idle long enough to be moved though the launches
- * reference it (the next launch then finds it evicted, or parked); `unseen`
- * never pauses, so that the evictor moves B while kernels run (on an H100,
- * with pauses an unparked move of B fell in a pause and kept every word,
- * without them it faulted). Steps for SECONDS (3), synchronizing every 8
+ * reference it (the next launch then finds it evicted, or parked); the
+ * others never pause, so that the evictor moves B while kernels run (on an
+ * H100, with pauses an unparked move of B fell in a pause and kept every
+ * word, without them it faulted). Steps for SECONDS (3), synchronizing every 8
  * steps and asking the real driver (GMEM_REAL_LIBCUDA) where B lies.
  * Prints the steps, whether B moved, and the words found wrong. Exit 0 where
  * no kernel saw a wrong word and B ends holding the step count; 1 where one
  * did, or a call failed (a kernel that reached B unmapped faults); 77 in a
  * build without nvcc (no kernels). A GPU program: the emulator loads no fatbin.
- *   pointer-table seen|unseen FILL_MIB BLOCK_MIB [SECONDS] */
+ *   pointer-table seen|unseen|hidden FILL_MIB BLOCK_MIB [SECONDS] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,12 +69,13 @@ static size_t wrong_words(const unsigned* host, size_t words, unsigned count) {
 }
 
 int main(int argc, char** argv) {
-  const int seen = argc > 1 && strcmp(argv[1], "seen") == 0;
+  const char* reach = argc > 1 ? argv[1] : "";
+  const int seen = strcmp(reach, "seen") == 0, hidden = strcmp(reach, "hidden") == 0;
   const size_t fill = argc > 2 ? strtoull(argv[2], NULL, 10) << 20 : 0;
   const size_t block = argc > 3 ? strtoull(argv[3], NULL, 10) << 20 : 0;
   const double seconds = argc > 4 ? strtod(argv[4], NULL) : 3;
-  if (argc < 4 || argc > 5 || (!seen && strcmp(argv[1], "unseen") != 0) || block == 0 || !(seconds > 1)) {
-    fprintf(stderr, "usage: %s seen|unseen FILL_MIB BLOCK_MIB [SECONDS > 1]\n", PROGRAM);
+  if (argc < 4 || argc > 5 || (!seen && !hidden && strcmp(reach, "unseen") != 0) || block == 0 || !(seconds > 1)) {
+    fprintf(stderr, "usage: %s seen|unseen|hidden FILL_MIB BLOCK_MIB [SECONDS > 1]\n", PROGRAM);
     return 2;
   }
   struct real_driver real;
@@ -95,7 +100,12 @@ int main(int argc, char** argv) {
   CUdeviceptr table = side.ptr, bad = side.ptr + 64, b = 0;
   CHECK(cuMemAlloc(&b, block));
   CHECK(cuMemsetD32(b, 0, block / 4));
-  CHECK(cuMemcpyHtoD(table, &b, sizeof b));
+  if (hidden) {
+    CHECK(cuMemsetD32(table, (unsigned)b, 1));
+    CHECK(cuMemsetD32(table + 4, (unsigned)(b >> 32), 1));
+  } else {
+    CHECK(cuMemcpyHtoD(table, &b, sizeof b));
+  }
   const unsigned long long start_bad[2] = {0, ~0ull};
   CHECK(cuMemcpyHtoD(bad, start_bad, sizeof start_bad));
   const size_t fills = (fill + block - 1) / block;
@@ -136,7 +146,7 @@ int main(int argc, char** argv) {
   const int ok = found[0] == 0 && wrong == 0;
   printf("%s: %s: %u steps over B (%zu MiB) in %.1f s, %zu MiB filled after 1 s; B at most %zu MiB on the host, "
          "unmapped at %u of %u looks; kernels saw %llu wrong words (first at step %llu), %zu wrong at the end: %s\n",
-         PROGRAM, seen ? "seen" : "unseen", count, block / mib, now() - start, fills * block / mib,
+         PROGRAM, reach, count, block / mib, now() - start, fills * block / mib,
          place.most_host / mib, place.unmapped, count / sync_every, found[0], found[0] ? found[1] : 0, wrong,
          ok ? "PASS" : "FAIL");
   for (size_t i = 0; i < fills; ++i) CHECK(cuMemFree(filler[i]));

@@ -1039,6 +1039,32 @@ TEST_F(Evict, AnAllocationInUseStays) {
   free(c);
 }
 
+// An allocation whose address the program copied into device memory (a table
+// a kernel reads, which no launch's parameters show) stays on the device: the
+// evictor takes the next oldest. Freed, its range is anyone's to move again.
+TEST_F(Evict, AnAllocationWhoseAddressWasCopiedToTheDeviceStays) {
+  CUdeviceptr a = alloc(96 * mib);
+  CUdeviceptr b = alloc(96 * mib);
+  CUdeviceptr table = alloc(4096);
+  const CUdeviceptr inside = a + 4096;
+  ASSERT_EQ(cuMemcpyHtoD(table, &inside, sizeof inside), CUDA_SUCCESS);
+  CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
+  EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), b) == 96 * mib; })) << "b not evicted";
+  EXPECT_EQ(spilled_bytes(OwnStats(), a), 0u) << "a, pointed to from device memory, was evicted";
+  free(table);
+  free(c);
+  free(b);
+  free(a);
+  // The same range handed out again, not pointed to: the oldest idle goes.
+  a = alloc(96 * mib);
+  b = alloc(96 * mib);
+  c = alloc(96 * mib);
+  EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), a) == 96 * mib; })) << "a not evicted";
+  free(c);
+  free(b);
+  free(a);
+}
+
 // Copies keep running while an allocation moves off the device and back: each
 // thread writes and reads back its own part without pause, every read finds
 // what was written last, and so does a read once the moves are over (copies
@@ -1099,6 +1125,23 @@ class EvictPark : public Tiers {
     return {a, b, c};
   }
 };
+
+// A copy that writes a parked allocation's address into device memory has it
+// mapped at its addresses before the copy goes on (a kernel may read it through
+// that pointer next), with its content, and not parked again.
+TEST_F(EvictPark, ACopyOfAParkedAllocationsAddressToTheDeviceMapsIt) {
+  const auto [a, b, c] = park_the_oldest();
+  CUdeviceptr table = alloc(4096);
+  ASSERT_EQ(cuMemcpyHtoD(table, &a, sizeof a), CUDA_SUCCESS);
+  EXPECT_NE(driver_handle(a), 0u) << "still parked";
+  check(a, 96 * mib, 1);
+  usleep(100 * 1000);  // fifty of the evictor's looks
+  EXPECT_NE(driver_handle(a), 0u) << "parked again";
+  free(table);
+  free(c);
+  free(b);
+  free(a);
+}
 
 // A launch of a parked allocation has it mapped first (the emulator's launch
 // faults the context on a pointer into unmapped memory), and the content is

@@ -30,7 +30,10 @@ class ToolkitRules(unittest.TestCase):
 
     def test_copies_name_their_pointers_and_byte_count(self):
         self.assertEqual(self.rule("cuMemcpyDtoD_v2")[:6], ("arguments", 0, 1, 2, NONE, 1))
-        self.assertEqual(self.rule("cuMemcpyHtoDAsync_v2")[:6], ("arguments", 0, NONE, 2, NONE, 1))
+        # From host memory: the host bytes (at 1) are shown to the upload check too.
+        self.assertEqual(self.rule("cuMemcpyHtoDAsync_v2")[:6], ("upload", 0, 1, 2, NONE, 1))
+        self.assertEqual(self.rule("cuMemcpyHtoD_v2_ptds")[:6], ("upload", 0, 1, 2, NONE, 1))
+        self.assertEqual(self.rule("cuMemcpyHtoD")[:6], ("upload", 0, 1, 2, NONE, 1))  # its 32-bit CUdeviceptr
         self.assertEqual(self.rule("cuMemcpyDtoH_v2_ptds")[:6], ("arguments", 1, NONE, 2, NONE, 1))
         self.assertEqual(self.rule("cuMemcpy")[:6], ("arguments", 0, 1, 2, NONE, 1))
         self.assertEqual(self.rule("cuMemcpyPeerAsync")[:6], ("arguments", 0, 2, 4, NONE, 1))
