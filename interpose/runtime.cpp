@@ -120,7 +120,7 @@ bool look_at_upload(const void* host, std::size_t bytes, bool act) {
     CUdeviceptr word;
     std::memcpy(&word, bytes_at + at, sizeof word);
     pool::AccessRecord* record = table->find(word);
-    if (!record || word < record->base() || word - record->base() >= record->size()) continue;
+    if (!record) continue;
     record->point();
     work = work || record->moving() || record->parked();
     if (!act) continue;

@@ -109,12 +109,9 @@ class AccessRecord {
   bool parked() const { return parked_.load(std::memory_order_acquire); }
   // Its address was copied into device memory (a table a kernel reads, which
   // the launch hooks never see: gate.h's upload check): from then on until
-  // the allocation is freed, the evictor leaves it where it is. Pointing
-  // touches it too, which cancels a move to the host not yet remapped.
-  void point() {
-    pointed_.store(true, std::memory_order_release);
-    touch();
-  }
+  // the allocation is freed, the evictor leaves it where it is, and a move to
+  // the host not yet marked moving is cancelled (as a touch cancels it).
+  void point() { pointed_.store(true, std::memory_order_release); }
   void unpoint() { pointed_.store(false, std::memory_order_release); }
   bool pointed() const { return pointed_.load(std::memory_order_acquire); }
 

@@ -45,6 +45,11 @@ std::string conf_value(const std::string& conf, const std::string& key) { return
 
 std::string stats_dir_in(const std::string& conf) { return conf_value(conf, "stats_dir"); }
 
+// Adds key:value to a GMEM_CONF text.
+void add_item(std::string& conf, const std::string& key, const std::string& value) {
+  conf += (conf.empty() ? "" : ",") + key + ":" + value;
+}
+
 // A job with dedup:1 needs gmemd to broker: the options that make it.
 std::vector<std::string> dedup_options(const std::string& conf) {
   const std::string dedup = conf_value(conf, "dedup");
@@ -135,12 +140,12 @@ int run_job(const RunOptions& options) {
   if (stats_dir.empty()) {
     stats_dir = stats_dir_in(conf);
   } else if (stats_dir_in(conf).empty()) {
-    conf += (conf.empty() ? "" : ",") + ("stats_dir:" + stats_dir);
+    add_item(conf, "stats_dir", stats_dir);
   }
   // A job run again takes back its last run's plan, with no trial (README:
   // plan_file), unless its GMEM_CONF names a plan_file of its own (plan_file:
   // with no value: none).
-  if (!conf_item(conf, "plan_file")) conf += (conf.empty() ? "" : ",") + std::string("plan_file:auto");
+  if (!conf_item(conf, "plan_file")) add_item(conf, "plan_file", "auto");
   if (const std::string lends = conf_value(conf, "host_pool"); !options.host_pool.empty() && (lends == "0" || lends == "false")) {
     fprintf(stderr, "gmemctl: --host-pool lends to jobs with host_pool:1; GMEM_CONF has host_pool:0\n");
     return exit_usage;
