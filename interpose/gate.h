@@ -94,15 +94,19 @@ struct Found {
 using ReferenceCheck = Found (*)(const Reference* refs, int count, bool act);
 void set_reference_check(ReferenceCheck check);
 // Sees the host memory a gated copy to the device reads (cuMemcpyHtoD and
-// its async and per-thread forms), `bytes` from `host`, where the reference
-// check is on and the copy is at most `upload_bytes`: the pointers a program
-// keeps in device memory (tables a kernel reads) are written there so, where
-// the launch hooks never see them. Called with the reference check, as it
-// is: with `act` false, while the call counts in flight, whether work is
-// needed before the call runs (must not block); then with `act` true.
+// its async and per-thread forms; cuMemcpy and cuMemcpyAsync where
+// `host_source` says their source is host memory the process may read),
+// `bytes` from `host`, where the reference check is on and the copy is at
+// most `upload_bytes`: the pointers a program keeps in device memory (tables
+// a kernel reads) are written there so, where the launch hooks never see
+// them. Called with the reference check, as it is: with `act` false, while
+// the call counts in flight, whether work is needed before the call runs
+// (must not block); then with `act` true. `host_source` is asked once per
+// call, before it counts in flight.
 using UploadCheck = bool (*)(const void* host, std::size_t bytes, bool act);
+using HostSource = bool (*)(CUdeviceptr src);
 inline constexpr std::size_t upload_bytes = std::size_t{64} << 10;
-void set_upload_check(UploadCheck check);
+void set_upload_check(UploadCheck check, HostSource host_source);
 // Whether gated calls go to the check (off at first). Gated calls pass here
 // only once the gate is on (turn_on); while off, a gated call pays one byte
 // compare for it.

@@ -28,6 +28,7 @@ namespace {
 
 std::atomic<ReferenceCheck> installed{nullptr};
 std::atomic<UploadCheck> installed_upload{nullptr};
+std::atomic<HostSource> installed_host_source{nullptr};
 // A check that calls a gated function through our own exports is not checked again.
 thread_local bool checking = false;
 
@@ -35,6 +36,7 @@ enum class Reader : uint8_t {
   none,
   arguments,
   upload,
+  unified,
   arrays,
   memcpy2d,
   memcpy3d,
@@ -195,7 +197,8 @@ void read_references(Seen& seen, const Arguments& args, const Rule& rule) {
   switch (rule.reader) {
     case Reader::none:
       return;
-    case Reader::arguments: {
+    case Reader::arguments:
+    case Reader::unified: {
       const std::size_t bytes =
           times(times(rule.a[2] >= 0 ? args[rule.a[2]] : 1, rule.a[3] >= 0 ? args[rule.a[3]] : 1), rule.scale);
       for (int k : {rule.a[0], rule.a[1]}) {
@@ -224,7 +227,10 @@ void read_references(Seen& seen, const Arguments& args, const Rule& rule) {
 
 void set_reference_check(ReferenceCheck check) { installed.store(check); }
 
-void set_upload_check(UploadCheck check) { installed_upload.store(check); }
+void set_upload_check(UploadCheck check, HostSource host_source) {
+  installed_host_source.store(host_source);
+  installed_upload.store(check);
+}
 
 void check_references(bool on) { gmem_gate_check_on.store(on ? 1 : 0); }
 
@@ -245,8 +251,13 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
   const Rule& rule = rules[index];
   if (rule.reader == Reader::none) return 0;
   const Arguments args(saved, stack, rule.narrow);
-  const UploadCheck upload =
-      rule.reader == Reader::upload && args[rule.a[2]] <= upload_bytes ? installed_upload.load() : nullptr;
+  checking = true;
+  // The host bytes the upload check sees: a unified copy's source only where it is host memory.
+  UploadCheck upload = nullptr;
+  if ((rule.reader == Reader::upload || rule.reader == Reader::unified) && args[rule.a[2]] <= upload_bytes) {
+    const HostSource host_source = installed_host_source.load();
+    if (rule.reader == Reader::upload || (host_source && host_source(args[rule.a[1]]))) upload = installed_upload.load();
+  }
   auto look = [&](bool act) {
     Seen seen(check, act);
     read_references(seen, args, rule);
@@ -254,7 +265,6 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
     if (upload && upload(args.pointer<void>(rule.a[1]), args[rule.a[2]], act)) found.work = true;
     return found;
   };
-  checking = true;
   unsigned char counted = 0;
   while (true) {
     gmem_gate_entries.fetch_add(1);

@@ -130,6 +130,25 @@ bool look_at_upload(const void* host, std::size_t bytes, bool act) {
   return work;
 }
 
+// With evict: whether a unified copy's source is host memory the process may
+// read, for the upload check: not a pool range (device or host chunks, at
+// addresses only the device reads), and either unknown to the driver
+// (pageable memory) or pinned host memory at the same address. Managed
+// memory and any other device memory are left alone.
+bool host_source(CUdeviceptr src) {
+  pool::Pool* pool = the_runtime ? the_runtime->pool : nullptr;
+  pool::AccessTable* table = pool ? pool->access() : nullptr;
+  if (!table || table->find(src)) return false;
+  unsigned type = 0;
+  void* host = nullptr;
+  int managed = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                      CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* data[] = {&type, &host, &managed};
+  if (pool->driver().cuPointerGetAttributes(3, attributes, data, src) != CUDA_SUCCESS || managed) return false;
+  return type == 0 || (type == CU_MEMORYTYPE_HOST && host == reinterpret_cast<void*>(src));
+}
+
 void print_report() {
   if (the_runtime && the_runtime->pool) {
     std::string text = pool::format_report(the_runtime->pool->stats(), getpid(), the_runtime->pool->vmm(),
@@ -371,7 +390,7 @@ void initialise() {
       }
       if (moving && rt->config.evict != pool::Evict::off) {
         gate::set_reference_check(look_at_references);
-        gate::set_upload_check(look_at_upload);
+        gate::set_upload_check(look_at_upload, host_source);
         gate::check_references(true);
       }
       if (use_vmm && rt->config.host_pool) start_host_lease(*rt);

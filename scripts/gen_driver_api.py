@@ -127,7 +127,10 @@ def reference_rule(params, holding, known_structs):
     scale, narrow mask). `arguments`: CUdeviceptr at a0 and a1, extent
     arg[a2] * arg[a3] * scale (an absent position counts 1); `upload`: a copy
     from host memory at a1 of arg[a2] bytes to the CUdeviceptr at a0 (the
-    gate shows the host bytes to its upload check); `arrays`: device
+    gate shows the host bytes to its upload check); `unified`: a copy of
+    arg[a2] bytes from a1 to a0, either of which may be host memory (read as
+    `arguments`; where the source is host memory, the gate shows its bytes to
+    the upload check too); `arrays`: device
     pointer arrays at a0 and a1, sizes at a2, their count at a3; a descriptor
     reader: the descriptor at a0 (and for stream_mem_ops, its count at a1);
     `unknown`: may touch device memory that cannot be told; `none`: touches
@@ -159,6 +162,8 @@ def reference_rule(params, holding, known_structs):
     if "srcHost" in names and "ByteCount" in names and len(pointers) == 1:  # a copy from host memory to the device
         return ("upload", pointers[0], names.index("srcHost"), names.index("ByteCount"), -1, 1, narrow)
     a0, a1 = (pointers + [-1])[:2]
+    if names[:3] == ["dst", "src", "ByteCount"]:  # cuMemcpy(Async): each side told by its address
+        return ("unified", a0, a1, 2, -1, 1, narrow)
     extent, scale = [-1, -1], 1
     if "ByteCount" in names:
         extent[0] = names.index("ByteCount")

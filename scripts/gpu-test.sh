@@ -483,8 +483,9 @@ fi
 # launches hold the address too (seen: the program pauses 20 ms every 64 steps
 # so that it is moved, and the next launch finds it evicted), so parked (its
 # device chunks unmapped; the launch maps it back first), where they do not
-# but the table was written by a copy from host memory (unseen: the gate's
-# upload check finds the address, and the memory must stay on the device),
+# but the table was written by a copy from host memory (unseen: cuMemcpyHtoD;
+# unified: cuMemcpy from pageable memory; the gate's upload check finds the
+# address, and the memory must stay on the device),
 # and where the table was written by 32-bit sets (hidden: what the gate
 # cannot see; the evictor finds the memory idle and moves it while kernels
 # write it), unparked and parked. Each must keep every word; the hidden ones
@@ -492,7 +493,7 @@ fi
 # runs did, before the upload check: docs/results.md, sixty-fourth session).
 # Seconds each, only when named (evict-unseen).
 # pointer_table REACH CONF: the program under CONF; with the evictor on, B
-# must have moved at some look where REACH is seen, and never where unseen.
+# must have moved at some look where REACH is seen, and never where unseen or unified.
 pointer_table() {
   local log rc stayed=1
   log=$(env LD_PRELOAD="$shim" GMEM_REAL_LIBCUDA="$real" GMEM_CONF="$2" "$carry/pointer-table" "$1" 1024 256 2>&1)
@@ -505,7 +506,7 @@ pointer_table() {
     echo "B never moved: the run shows nothing of a move under a launch that references it"
     return 1
   fi
-  if [ "$1" = unseen ] && [ "$stayed" = 0 ]; then
+  if { [ "$1" = unseen ] || [ "$1" = unified ]; } && [ "$stayed" = 0 ]; then
     echo "B moved though its address was copied into device memory"
     return 1
   fi
@@ -514,7 +515,8 @@ if named evict-unseen; then
   export -f pointer_table
   unseen_conf=pool:vmm,device_budget:1G,device_reserve:0,peer_budget:0,host_budget:4G,host_prepare:0
   for variant in off:unseen: on:seen:,evict:1 parked:seen:,evict:1,evict_park:1 on:unseen:,evict:1 \
-    parked:unseen:,evict:1,evict_park:1 on:hidden:,evict:1 parked:hidden:,evict:1,evict_park:1; do
+    parked:unseen:,evict:1,evict_park:1 on:unified:,evict:1 parked:unified:,evict:1,evict_park:1 \
+    on:hidden:,evict:1 parked:hidden:,evict:1,evict_park:1; do
     IFS=: read -r name reach conf <<<"$variant"
     step "evict-unseen-$name-$reach" 60 pointer_table "$reach" "$unseen_conf$conf"
   done

@@ -6,10 +6,11 @@
  * memory past the pool; each step's kernel reaches B through the table, checks
  * that every word of it holds the step's number and adds 1 to it. `seen`
  * passes B's address among the kernel's parameters too, where the launch
- * hooks find it (it is not read); `unseen` and `hidden` pass 0. `seen` and
- * `unseen` write the table with a copy from host memory, where the gate's
- * upload check finds B's address (with the evictor on, B then stays on the
- * device); `hidden` writes it with two 32-bit sets, which nothing reads (as
+ * hooks find it (it is not read); the others pass 0. `seen` and `unseen`
+ * write the table with cuMemcpyHtoD from host memory, `unified` with the
+ * unified cuMemcpy from pageable memory; the gate's upload check finds B's
+ * address in both (with the evictor on, B then stays on the device); `hidden`
+ * writes it with two 32-bit sets, which nothing reads (as
  * a pointer a kernel wrote). After the first second,
  * FILL_MIB more is allocated and never touched, so that the device spills and
  * the evictor, where it is on, moves idle memory (B, never referenced where
@@ -24,7 +25,7 @@
  * no kernel saw a wrong word and B ends holding the step count; 1 where one
  * did, or a call failed (a kernel that reached B unmapped faults); 77 in a
  * build without nvcc (no kernels). A GPU program: the emulator loads no fatbin.
- *   pointer-table seen|unseen|hidden FILL_MIB BLOCK_MIB [SECONDS] */
+ *   pointer-table seen|unseen|unified|hidden FILL_MIB BLOCK_MIB [SECONDS] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,11 +72,12 @@ static size_t wrong_words(const unsigned* host, size_t words, unsigned count) {
 int main(int argc, char** argv) {
   const char* reach = argc > 1 ? argv[1] : "";
   const int seen = strcmp(reach, "seen") == 0, hidden = strcmp(reach, "hidden") == 0;
+  const int unified = strcmp(reach, "unified") == 0;
   const size_t fill = argc > 2 ? strtoull(argv[2], NULL, 10) << 20 : 0;
   const size_t block = argc > 3 ? strtoull(argv[3], NULL, 10) << 20 : 0;
   const double seconds = argc > 4 ? strtod(argv[4], NULL) : 3;
-  if (argc < 4 || argc > 5 || (!seen && !hidden && strcmp(reach, "unseen") != 0) || block == 0 || !(seconds > 1)) {
-    fprintf(stderr, "usage: %s seen|unseen|hidden FILL_MIB BLOCK_MIB [SECONDS > 1]\n", PROGRAM);
+  if (argc < 4 || argc > 5 || (!seen && !hidden && !unified && strcmp(reach, "unseen") != 0) || block == 0 || !(seconds > 1)) {
+    fprintf(stderr, "usage: %s seen|unseen|unified|hidden FILL_MIB BLOCK_MIB [SECONDS > 1]\n", PROGRAM);
     return 2;
   }
   struct real_driver real;
@@ -103,6 +105,8 @@ int main(int argc, char** argv) {
   if (hidden) {
     CHECK(cuMemsetD32(table, (unsigned)b, 1));
     CHECK(cuMemsetD32(table + 4, (unsigned)(b >> 32), 1));
+  } else if (unified) {
+    CHECK(cuMemcpy(table, (CUdeviceptr)&b, sizeof b));
   } else {
     CHECK(cuMemcpyHtoD(table, &b, sizeof b));
   }

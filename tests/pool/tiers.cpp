@@ -37,6 +37,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -898,7 +899,10 @@ TEST_F(MoveSlowPin, TheTimeSpentPinningIsNotAQuietSpellTheMoverWaitsOut) {
 // device of 256 MiB (requests under 64 MiB never wait for room). While
 // the device spills, allocations no launch referenced lately move to the host
 // (the oldest first) and come back once room opens (pool/evictor.h).
-using Evict = Tiers;
+class Evict : public Tiers {
+ protected:
+  void address_copied_stays(const std::function<CUresult(CUdeviceptr table, const CUdeviceptr* from)>& copy);
+};
 
 // Until `done` holds, or 5 s.
 template <typename Done>
@@ -1042,12 +1046,13 @@ TEST_F(Evict, AnAllocationInUseStays) {
 // An allocation whose address the program copied into device memory (a table
 // a kernel reads, which no launch's parameters show) stays on the device: the
 // evictor takes the next oldest. Freed, its range is anyone's to move again.
-TEST_F(Evict, AnAllocationWhoseAddressWasCopiedToTheDeviceStays) {
+// `copy` writes the address at `from` (host memory) to the table.
+void Evict::address_copied_stays(const std::function<CUresult(CUdeviceptr table, const CUdeviceptr* from)>& copy) {
   CUdeviceptr a = alloc(96 * mib);
   CUdeviceptr b = alloc(96 * mib);
   CUdeviceptr table = alloc(4096);
   const CUdeviceptr inside = a + 4096;
-  ASSERT_EQ(cuMemcpyHtoD(table, &inside, sizeof inside), CUDA_SUCCESS);
+  ASSERT_EQ(copy(table, &inside), CUDA_SUCCESS);
   CUdeviceptr c = alloc(96 * mib);  // spills: the evictor starts
   EXPECT_TRUE(eventually([&] { return spilled_bytes(OwnStats(), b) == 96 * mib; })) << "b not evicted";
   EXPECT_EQ(spilled_bytes(OwnStats(), a), 0u) << "a, pointed to from device memory, was evicted";
@@ -1063,6 +1068,28 @@ TEST_F(Evict, AnAllocationWhoseAddressWasCopiedToTheDeviceStays) {
   free(c);
   free(b);
   free(a);
+}
+
+TEST_F(Evict, AnAllocationWhoseAddressWasCopiedToTheDeviceStays) {
+  address_copied_stays([](CUdeviceptr table, const CUdeviceptr* from) {
+    return cuMemcpyHtoD(table, from, sizeof *from);
+  });
+}
+
+// The same through a unified copy, whose source the driver tells by its
+// address: pageable memory, and pinned memory on a stream.
+TEST_F(Evict, AnAllocationWhoseAddressAUnifiedCopyWroteStays) {
+  address_copied_stays([](CUdeviceptr table, const CUdeviceptr* from) {
+    return cuMemcpy(table, reinterpret_cast<CUdeviceptr>(from), sizeof *from);
+  });
+  void* pinned = nullptr;
+  ASSERT_EQ(cuMemAllocHost(&pinned, 4096), CUDA_SUCCESS);
+  address_copied_stays([&](CUdeviceptr table, const CUdeviceptr* from) {
+    std::memcpy(pinned, from, sizeof *from);
+    if (CUresult r = cuMemcpyAsync(table, reinterpret_cast<CUdeviceptr>(pinned), sizeof *from, nullptr)) return r;
+    return cuStreamSynchronize(nullptr);
+  });
+  EXPECT_EQ(cuMemFreeHost(pinned), CUDA_SUCCESS);
 }
 
 // Copies keep running while an allocation moves off the device and back: each

@@ -35,7 +35,9 @@ class ToolkitRules(unittest.TestCase):
         self.assertEqual(self.rule("cuMemcpyHtoD_v2_ptds")[:6], ("upload", 0, 1, 2, NONE, 1))
         self.assertEqual(self.rule("cuMemcpyHtoD")[:6], ("upload", 0, 1, 2, NONE, 1))  # its 32-bit CUdeviceptr
         self.assertEqual(self.rule("cuMemcpyDtoH_v2_ptds")[:6], ("arguments", 1, NONE, 2, NONE, 1))
-        self.assertEqual(self.rule("cuMemcpy")[:6], ("arguments", 0, 1, 2, NONE, 1))
+        # Either side may be host memory: the source's bytes go to the upload check where it is.
+        self.assertEqual(self.rule("cuMemcpy")[:6], ("unified", 0, 1, 2, NONE, 1))
+        self.assertEqual(self.rule("cuMemcpyAsync_ptsz")[:6], ("unified", 0, 1, 2, NONE, 1))
         self.assertEqual(self.rule("cuMemcpyPeerAsync")[:6], ("arguments", 0, 2, 4, NONE, 1))
         self.assertEqual(self.rule("cuMemcpyAtoD_v2")[:6], ("arguments", 0, NONE, 3, NONE, 1))
 
