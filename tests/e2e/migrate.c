@@ -195,12 +195,11 @@ int main(int argc, char** argv) {
   const double timeout = argc == 6 ? strtod(argv[5], NULL) : 30;
   const CUdevice dev = 0;
   CUmodule module;
-  const int loaded = load_kernels(gmem_migrate_kernels, gmem_migrate_kernels_size, &module);
-  if (loaded != 0) return loaded;
   CUfunction step;
-  CHECK(cuModuleGetFunction(&step, module, "gmem_migrate_step"));
   int sms = 0;
-  CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  const int loaded =
+      load_step(gmem_migrate_kernels, gmem_migrate_kernels_size, "gmem_migrate_step", dev, &module, &step, &sms);
+  if (loaded != 0) return loaded;
   /* The kernels' counters live past the pool, so that the budget leaves the
    * placement alone: two per stream, 64 bytes apart. */
   struct raw_memory counters;

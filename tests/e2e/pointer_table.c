@@ -88,12 +88,11 @@ int main(int argc, char** argv) {
   CUcontext ctx;
   CHECK(use_device0(&ctx));
   CUmodule module;
-  const int loaded = load_kernels(gmem_pointer_table_kernels, gmem_pointer_table_kernels_size, &module);
-  if (loaded != 0) return loaded;
   CUfunction step;
-  CHECK(cuModuleGetFunction(&step, module, "gmem_pointer_table_step"));
   int sms = 0;
-  CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+  const int loaded = load_step(gmem_pointer_table_kernels, gmem_pointer_table_kernels_size, "gmem_pointer_table_step",
+                               0, &module, &step, &sms);
+  if (loaded != 0) return loaded;
 
   /* The table and the kernel's counters live past the pool: B alone is the pool's. */
   struct raw_memory side;

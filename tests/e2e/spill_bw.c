@@ -86,12 +86,11 @@ static int measure(const struct bench* b, CUdeviceptr data, size_t bytes, unsign
 /* The kernels and what timing them needs; 77 where the driver cannot load them. */
 static int bench_setup(const struct real_driver* real, CUdevice dev, struct bench* b) {
   CUmodule module;
-  const int loaded = load_kernels(gmem_spill_bw_kernels, gmem_spill_bw_kernels_size, &module);
-  if (loaded != 0) return loaded;
-  CHECK(cuModuleGetFunction(&b->read, module, "gmem_bw_read"));
-  CHECK(cuModuleGetFunction(&b->write, module, "gmem_bw_write"));
   int sms = 0;
-  CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  const int loaded =
+      load_step(gmem_spill_bw_kernels, gmem_spill_bw_kernels_size, "gmem_bw_read", dev, &module, &b->read, &sms);
+  if (loaded != 0) return loaded;
+  CHECK(cuModuleGetFunction(&b->write, module, "gmem_bw_write"));
   b->blocks = 8 * sms; /* 2048 threads per SM */
   /* The sum lives past the pool, so that the budget leaves the placement alone. */
   const CUmemLocation on_device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};

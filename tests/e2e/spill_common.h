@@ -108,8 +108,9 @@ static inline int tier_start(int argc, char** argv, int optional, const char* us
 
 /* Loads the kernels embedded as `image` (a fatbin that nvcc made at build
  * time; `size` 0 in a build without nvcc) into the current context: 0, 77
- * (skipped) where there are none or the driver cannot load them (the
- * emulator), or 1. */
+ * (skipped) where there are none or the driver loads no modules
+ * (CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED), or 1 (the emulator, which
+ * loads only its own kernel text, answers a fatbin CUDA_ERROR_INVALID_PTX). */
 static inline int load_kernels(const unsigned char* image, size_t size, CUmodule* module) {
   if (size == 0) {
     printf("%s: skipped: built without nvcc (no kernels)\n", PROGRAM);
@@ -117,10 +118,20 @@ static inline int load_kernels(const unsigned char* image, size_t size, CUmodule
   }
   CUresult s = cuModuleLoadData(module, image);
   if (s == CUDA_ERROR_NOT_FOUND || s == CUDA_ERROR_NOT_SUPPORTED) {
-    printf("%s: skipped: the driver cannot load kernels (cuModuleLoadData: %d; the emulator?)\n", PROGRAM, s);
+    printf("%s: skipped: the driver cannot load kernels (cuModuleLoadData: %d)\n", PROGRAM, s);
     return 77;
   }
   CHECK(s);
+  return 0;
+}
+
+/* load_kernels, then the kernel `name` of them and the SM count of `dev`. */
+static inline int load_step(const unsigned char* image, size_t size, const char* name, CUdevice dev,
+                            CUmodule* module, CUfunction* step, int* sms) {
+  const int loaded = load_kernels(image, size, module);
+  if (loaded != 0) return loaded;
+  CHECK(cuModuleGetFunction(step, *module, name));
+  CHECK(cuDeviceGetAttribute(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
   return 0;
 }
 
