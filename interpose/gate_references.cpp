@@ -256,7 +256,8 @@ extern "C" unsigned char gmem_gate_check_references(unsigned index, const uint64
   UploadCheck upload = nullptr;
   if ((rule.reader == Reader::upload || rule.reader == Reader::unified) && args[rule.a[2]] <= upload_bytes) {
     const HostSource host_source = installed_host_source.load();
-    if (rule.reader == Reader::upload || (host_source && host_source(args[rule.a[1]]))) upload = installed_upload.load();
+    const bool host = rule.reader == Reader::upload || (host_source && host_source(args[rule.a[1]]));
+    if (host) upload = installed_upload.load();
   }
   auto look = [&](bool act) {
     Seen seen(check, act);

@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   const size_t fill = argc > 2 ? strtoull(argv[2], NULL, 10) << 20 : 0;
   const size_t block = argc > 3 ? strtoull(argv[3], NULL, 10) << 20 : 0;
   const double seconds = argc > 4 ? strtod(argv[4], NULL) : 3;
-  if (argc < 4 || argc > 5 || (!seen && !hidden && !unified && strcmp(reach, "unseen") != 0) || block == 0 || !(seconds > 1)) {
+  const int known = seen || hidden || unified || strcmp(reach, "unseen") == 0;
+  if (argc < 4 || argc > 5 || !known || block == 0 || !(seconds > 1)) {
     fprintf(stderr, "usage: %s seen|unseen|unified|hidden FILL_MIB BLOCK_MIB [SECONDS > 1]\n", PROGRAM);
     return 2;
   }
