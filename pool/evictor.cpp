@@ -105,6 +105,7 @@ void Evictor::look(int device, DeviceState& state) {
     const uint64_t launches = record ? record->launched() : 0;
     auto before = state.seen.find(l.base);
     Seen now{l.last_use, launches};
+    now.pointed = record && record->pointed();
     if (before != state.seen.end() && before->second.handed == l.last_use) {
       const Seen& was = before->second;
       now.idle = was.launches == launches ? was.idle + 1 : 0;
@@ -152,8 +153,8 @@ void Evictor::look(int device, DeviceState& state) {
   // brought back with no launch of it since, and not pointed to from device
   // memory (AccessRecord::pointed).
   auto may_go = [&](const VmmPool::Live& l) {
-    const AccessRecord* record = table_.find(l.base);
-    return l.spilled == 0 && l.size >= least && !state.seen[l.base].returned && !(record && record->pointed());
+    const Seen& s = state.seen[l.base];
+    return l.spilled == 0 && l.size >= least && !s.returned && !s.pointed;
   };
 
   // Back, the last evicted first. Once the program has reached an evicted

@@ -187,6 +187,7 @@ class Evictor {
     unsigned idle = 0;       // looks that found no new launch
     bool evicted = false;    // by the evictor, and not brought back
     bool returned = false;   // brought back, and not launched since
+    bool pointed = false;    // AccessRecord::pointed() at this look
     uint64_t evicted_at = 0;  // the order of evictions
     uint64_t evicted_launches = 0;  // `launches` when evicted
   };
