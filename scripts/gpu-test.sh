@@ -485,10 +485,9 @@ fi
 # device chunks unmapped; the launch maps it back first), where they do not
 # but the table was written by a copy from host memory (unseen: cuMemcpyHtoD;
 # unified: cuMemcpy from pageable memory; the gate's upload check finds the
-# address, and the memory must stay on the device),
-# and where the table was written by 32-bit sets (hidden: what the gate
-# cannot see; the evictor finds the memory idle and moves it while kernels
-# write it), unparked and parked. Each must keep every word; the hidden ones
+# address, and the memory must stay on the device), and where the table was
+# written by 32-bit sets (hidden: what the gate cannot see; the evictor finds
+# the memory idle and moves it while kernels write it), unparked and parked. Each must keep every word; the hidden ones
 # are expected to fault, which is why eviction is off by default (the unseen
 # runs did, before the upload check: docs/results.md, sixty-fourth session).
 # Seconds each, only when named (evict-unseen).

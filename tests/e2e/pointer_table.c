@@ -9,12 +9,11 @@
  * hooks find it (it is not read); the others pass 0. `seen` and `unseen`
  * write the table with cuMemcpyHtoD from host memory, `unified` with the
  * unified cuMemcpy from pageable memory; the gate's upload check finds B's
- * address in both (with the evictor on, B then stays on the device); `hidden`
- * writes it with two 32-bit sets, which nothing reads (as
- * a pointer a kernel wrote). After the first second,
- * FILL_MIB more is allocated and never touched, so that the device spills and
- * the evictor, where it is on, moves idle memory (B, never referenced where
- * the gate looks, is idle). From then on, `seen` also pauses 20 ms every 64
+ * address in either copy (with the evictor on, B then stays on the device);
+ * `hidden` writes it with two 32-bit sets, which nothing reads (as a pointer
+ * a kernel wrote). After the first second, FILL_MIB more is allocated and
+ * never touched, so that the device spills and the evictor, where it is on,
+ * moves idle memory (B, never referenced where the gate looks, is idle). From then on, `seen` also pauses 20 ms every 64
  * steps, so that B lies idle long enough to be moved though the launches
  * reference it (the next launch then finds it evicted, or parked); the
  * others never pause, so that the evictor moves B while kernels run (on an
